@@ -1,0 +1,86 @@
+"""How a batch from the user's DataLoader becomes ``net(...)`` inputs and labels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+LABEL_KEYS = ("labels", "label", "y")
+
+EXPECTED_BATCHES = (
+    "a tuple (x, y), a tuple (x1, ..., xn, y) for a net with n inputs, "
+    f"or a dict with one of the keys {', '.join(repr(k) for k in LABEL_KEYS)} for the labels "
+    "and the net's keyword arguments as the other keys"
+)
+
+
+class BatchError(ValueError):
+    """A batch that kerastorch cannot split into inputs and labels."""
+
+
+def _describe(batch: Any) -> str:
+    if isinstance(batch, torch.Tensor):
+        return f"a bare tensor of shape {tuple(batch.shape)}"
+    if isinstance(batch, dict):
+        return f"a dict with keys {sorted(map(str, batch))}"
+    if isinstance(batch, (list, tuple)):
+        return f"a {type(batch).__name__} of length {len(batch)}"
+    return f"a {type(batch).__name__}"
+
+
+def split_batch(batch: Any) -> tuple[tuple, dict, Any]:
+    """Return ``(args, kwargs, labels)`` so that the net is called as ``net(*args, **kwargs)``."""
+    if isinstance(batch, dict):
+        for key in LABEL_KEYS:
+            if key in batch:
+                kwargs = {k: v for k, v in batch.items() if k != key}
+                return (), kwargs, batch[key]
+    elif isinstance(batch, (list, tuple)) and len(batch) >= 2:
+        return tuple(batch[:-1]), {}, batch[-1]
+    raise BatchError(
+        f"Got {_describe(batch)} as a batch, which has no labels. kerastorch expects {EXPECTED_BATCHES}. "
+        "Make your Dataset return (features, label), or override KerasModel.forward_batch for another layout."
+    )
+
+
+def split_inputs(batch: Any) -> tuple[tuple, dict]:
+    """Inputs only, for ``predict``: labels, if the batch has them, are dropped.
+
+    A bare tensor, a 1-tuple or a dict without a label key is all inputs. A tuple of
+    two or more is read as fit reads it, the last item being the labels; a net with
+    several inputs and no labels should get a dict.
+    """
+    if isinstance(batch, torch.Tensor):
+        return (batch,), {}
+    if isinstance(batch, dict):
+        return (), {k: v for k, v in batch.items() if k not in LABEL_KEYS}
+    if isinstance(batch, (list, tuple)):
+        if len(batch) == 1:
+            return (batch[0],), {}
+        return tuple(batch[:-1]), {}
+    raise BatchError(f"Got {_describe(batch)} as a batch for predict; expected a tensor of inputs or {EXPECTED_BATCHES}.")
+
+
+def batch_size_of(labels: Any, preds: Any) -> int:
+    """Number of samples in a batch, read from shapes only (no device sync)."""
+    for obj in (labels, preds):
+        tensor = first_tensor(obj)
+        if tensor is not None and tensor.dim() > 0:
+            return tensor.shape[0]
+    if isinstance(labels, (list, tuple)):
+        return len(labels)
+    return 1
+
+
+def first_tensor(obj: Any):
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            found = first_tensor(item)
+            if found is not None:
+                return found
+    return None

@@ -1,0 +1,49 @@
+"""Keep the best epoch's weights and put them back in the net when training ends."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+from ..checkpoint import cpu_state_dict, save_weights, unwrap
+from .monitor import MonitorCallback
+
+
+class RestoreBestWeights(MonitorCallback):
+    """Remember the weights of the epoch with the best ``monitor`` value and load them back
+    into the net when ``fit`` returns: after the last epoch, after early stopping, after
+    Ctrl-C and after a NaN loss.
+
+    The copy lives in host memory, so no file is left in your folder. With ``ckpt_path``
+    the best weights are also written there (safetensors, atomically: a crash never leaves
+    a half-written file). ``fit`` adds one of these to every run.
+    """
+
+    def __init__(self, monitor: str = "val_loss", mode: str = "min", min_delta: float = 0.0, ckpt_path: Optional[str] = None, verbose: int = 0):
+        super().__init__(monitor, mode, min_delta)
+        self.ckpt_path = ckpt_path
+        self.verbose = verbose
+        self.best_weights: Optional[dict] = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not self.update_best(epoch, logs):
+            return
+        self.best_weights = cpu_state_dict(self.model.net)
+        if self.ckpt_path and self.model.is_main_process:
+            save_weights(self.best_weights, self.ckpt_path)
+        if self.verbose:
+            self.model.print(f"New best {self.monitor}={self.best:.6g} at epoch {epoch}.")
+
+    def on_train_end(self, logs=None):
+        if self.best_weights is not None:
+            unwrap(self.model.net).load_state_dict(self.best_weights)
+
+    def state_dict(self):
+        return {**super().state_dict(), "best_weights": self.best_weights}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.best_weights = state["best_weights"]
+
+
+__all__ = ["RestoreBestWeights"]

@@ -1,0 +1,56 @@
+"""Shared base for callbacks that watch one logged value ("monitor a value")."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from .base import Callback
+
+MODES = ("min", "max")
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} is not supported; use 'min' (lower is better, e.g. a loss) or 'max' (e.g. accuracy).")
+    return mode
+
+
+class MonitorCallback(Callback):
+    """Keeps the best value of ``monitor`` seen so far. A NaN is never the best."""
+
+    def __init__(self, monitor: str = "val_loss", mode: str = "min", min_delta: float = 0.0):
+        self.monitor = monitor
+        self.mode = check_mode(mode)
+        self.min_delta = abs(float(min_delta))
+        self.best: Optional[float] = None
+        self.best_epoch: Optional[int] = None
+
+    def current_value(self, logs: dict) -> float:
+        if self.monitor not in logs:
+            available = ", ".join(k for k in logs if k != "epoch")
+            raise ValueError(f"{type(self).__name__} monitors {self.monitor!r}, which is not logged; available: {available}.")
+        return float(logs[self.monitor])
+
+    def is_improvement(self, current: float) -> bool:
+        if math.isnan(current):
+            return False
+        if self.best is None:
+            return True
+        if self.mode == "min":
+            return current < self.best - self.min_delta
+        return current > self.best + self.min_delta
+
+    def update_best(self, epoch: int, logs: dict) -> bool:
+        """Record ``logs[monitor]`` if it improves on the best; return whether it did."""
+        current = self.current_value(logs)
+        if not self.is_improvement(current):
+            return False
+        self.best, self.best_epoch = current, epoch
+        return True
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "best_epoch": self.best_epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.best_epoch = state["best"], state["best_epoch"]

@@ -1,0 +1,106 @@
+"""Weight files: written atomically, read without ever running code from the file.
+
+Weights are stored with safetensors. A file is first written next to its target under
+a temporary name, flushed to disk, then renamed over the target, so a crash or a kill
+leaves either the old file or the new one, never half of one. Reading accepts
+safetensors files and, for files made with ``torch.save(net.state_dict())``,
+``torch.load(weights_only=True)``, which refuses pickled code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+SAFETENSORS_MAGIC_MAX = 100_000_000  # a safetensors header length is far below this
+
+
+def unwrap(net: nn.Module) -> nn.Module:
+    """The bare module inside DataParallel / DistributedDataParallel / torch.compile wrappers."""
+    while True:
+        if isinstance(net, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            net = net.module
+        elif hasattr(net, "_orig_mod") and isinstance(net._orig_mod, nn.Module):
+            net = net._orig_mod
+        else:
+            return net
+
+
+def cpu_state_dict(net: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the bare net's weights in host memory (keys without ``module.``)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in unwrap(net).state_dict().items()}
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[str]:
+    """Yield a temporary path beside ``path``; on success it is fsynced and renamed onto ``path``."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+    os.close(fd)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        with contextlib.suppress(OSError):  # make the rename itself durable
+            dir_fd = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+    with atomic_path(path) as tmp:
+        write(tmp)
+
+
+def save_weights(state_dict: dict[str, torch.Tensor], path: str | os.PathLike) -> None:
+    """Write a state dict as a safetensors file, atomically."""
+    from safetensors.torch import save_file
+
+    # safetensors refuses tensors that share memory (tied weights); separate copies load back the same.
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt", "writer": "kerastorch"}))
+
+
+def _is_safetensors(path: str) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if len(head) < 9:
+        return False
+    header_len = int.from_bytes(head[:8], "little")
+    return 0 < header_len < SAFETENSORS_MAGIC_MAX and head[8:9] == b"{"
+
+
+def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Read a weights file without executing anything stored in it."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"No checkpoint at {path!r}. Check the path, or train with fit(..., ckpt_path={path!r}) first.")
+    if _is_safetensors(path):
+        from safetensors.torch import load_file
+
+        return load_file(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise ValueError(
+            f"{path!r} is neither a safetensors file nor a plain torch state dict that loads with "
+            f"weights_only=True, so it was not loaded (loading it could run code stored in it): {error}"
+        ) from None
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path!r} does not hold a state dict of tensors; save one with model.save_ckpt(path).")
+    return state

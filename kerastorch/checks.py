@@ -1,0 +1,161 @@
+"""Everything ``fit`` checks before the first weight changes, with messages for beginners.
+
+Each message says what was wrong, what was expected and what to try.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Optional
+
+import torch
+
+from .batches import BatchError
+from .callbacks.monitor import check_mode
+
+
+def check_fit_arguments(model, train_data, val_data, epochs, patience, monitor, mode, accumulation_steps,
+                        clip_val, clip_algorithm, ckpt_path, verbose) -> None:
+    check_loss_fn(model)
+    _check_whole_number("epochs", epochs, minimum=0)
+    if patience is not None:
+        _check_whole_number("patience", patience, minimum=0, hint="or patience=None to never stop early")
+    _check_whole_number("gradient_accumulation_steps", accumulation_steps, minimum=1)
+    if verbose not in (0, 1, 2, False, True):
+        raise ValueError(f"verbose={verbose!r}; use 0 (silent), 1 (progress bars) or 2 (one line per epoch).")
+    if clip_val is not None and (not isinstance(clip_val, (int, float)) or isinstance(clip_val, bool) or clip_val <= 0):
+        raise ValueError(f"gradient_clip_val={clip_val!r} must be a positive number (or None for no clipping).")
+    if clip_algorithm not in ("norm", "value"):
+        raise ValueError(f"gradient_clip_algorithm={clip_algorithm!r}; use 'norm' or 'value'.")
+    check_mode(mode)
+    check_loader(train_data, "train_data")
+    if val_data is not None:
+        check_loader(val_data, "val_data")
+    check_monitor(monitor, model.metrics_dict, has_val=val_data is not None)
+    if model.lr_scheduler is not None and model.lr_scheduler_interval == "step" and isinstance(
+            model.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise ValueError("ReduceLROnPlateau needs an epoch's monitored value; use lr_scheduler_interval='epoch'.")
+    if ckpt_path is not None:
+        check_writable(ckpt_path)
+
+
+def check_loss_fn(model) -> None:
+    if model.loss_fn is None and type(model).forward_batch is _default_forward_batch():
+        raise ValueError("KerasModel has no loss_fn. Pass one, e.g. KerasModel(net, loss_fn=nn.CrossEntropyLoss()), "
+                         "or override forward_batch to compute the loss yourself.")
+
+
+def _default_forward_batch():
+    from .model import KerasModel
+
+    return KerasModel.forward_batch
+
+
+def _check_whole_number(name: str, value: Any, minimum: int, hint: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        extra = f" ({hint})" if hint else ""
+        raise ValueError(f"{name}={value!r} must be a whole number >= {minimum}{extra}.")
+
+
+def run_names(metrics_dict: dict, has_val: bool) -> list[str]:
+    """The history columns a run will produce, known before the first batch."""
+    names = ["train_loss", *(f"train_{m}" for m in metrics_dict), "lr"]
+    if has_val:
+        names += ["val_loss", *(f"val_{m}" for m in metrics_dict)]
+    return names
+
+
+def check_monitor(monitor: str, metrics_dict: dict, has_val: bool) -> None:
+    names = run_names(metrics_dict, has_val)
+    if monitor in names:
+        return
+    if monitor.startswith("val_") and not has_val and monitor in run_names(metrics_dict, True):
+        raise ValueError(f"monitor={monitor!r} needs validation data, but val_data is None. Pass val_data=..., "
+                         f"or monitor one of: {', '.join(names)}.")
+    raise ValueError(f"monitor={monitor!r} is not a value this run produces; available: {', '.join(names)}.")
+
+
+def check_loader(data: Any, name: str) -> None:
+    if data is None or isinstance(data, (torch.Tensor, str, bytes, dict)) or not hasattr(data, "__iter__"):
+        raise TypeError(
+            f"{name} is a {type(data).__name__}, but it must be an iterable of batches, such as "
+            "torch.utils.data.DataLoader(TensorDataset(x, y), batch_size=32)."
+        )
+    length = _length(data)
+    if length == 0:
+        raise ValueError(f"{name} is empty (0 batches). Check the dataset's size, batch_size and drop_last.")
+
+
+def check_writable(ckpt_path) -> None:
+    path = os.path.abspath(os.fspath(ckpt_path))
+    if os.path.isdir(path):
+        raise ValueError(f"ckpt_path={os.fspath(ckpt_path)!r} is a folder; give a file path like 'checkpoint.safetensors'.")
+    folder = os.path.dirname(path)
+    probe = None
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = os.path.join(folder, f".kerastorch-write-test-{os.getpid()}")
+        with open(probe, "wb") as f:
+            f.write(b"")
+    except OSError as error:
+        raise ValueError(f"ckpt_path={os.fspath(ckpt_path)!r} cannot be written ({error.strerror}). Choose a folder "
+                         "you can write to.") from None
+    finally:
+        if probe is not None:
+            with contextlib.suppress(OSError):
+                os.remove(probe)
+
+
+@contextlib.contextmanager
+def _rng_untouched(loader: Any):
+    """Peeking at a batch must not change the data order of the run that follows."""
+    generator = getattr(loader, "generator", None)
+    torch_state = torch.random.get_rng_state()
+    gen_state = generator.get_state() if isinstance(generator, torch.Generator) else None
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(torch_state)
+        if gen_state is not None:
+            generator.set_state(gen_state)
+
+
+def check_first_batch(model, data: Any, runtime, name: str) -> None:
+    """Run the first batch through the net and the loss in eval mode, without gradients,
+    so a wrong batch layout or a net/loss mismatch fails before any weight changes."""
+    with _rng_untouched(data):
+        iterator = iter(data)
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            raise ValueError(f"{name} produced no batches. Check the dataset's size, batch_size and drop_last.") from None
+        finally:
+            del iterator
+    was_training = model.net.training
+    model.net.eval()
+    try:
+        with torch.no_grad(), runtime.autocast():
+            loss, _, _ = model.forward_batch(runtime.to_device(batch))
+    except BatchError:
+        raise
+    except Exception as error:
+        message = f"The first batch of {name} failed in the net or the loss, before training started: {error}"
+        try:
+            wrapped = type(error)(message)
+        except Exception:  # an exception type that takes other arguments
+            wrapped = RuntimeError(message)
+        raise wrapped from error
+    finally:
+        model.net.train(was_training)
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ValueError(f"The loss must be a single number (a mean over the batch); got {shape}. Use a loss with "
+                         "reduction='mean' or reduce it in forward_batch.")
+
+
+def _length(data: Any) -> Optional[int]:
+    try:
+        return len(data)
+    except TypeError:
+        return None

@@ -1,0 +1,237 @@
+"""Epoch values of the loss and the metrics, accumulated on the device.
+
+The training step hands each batch's loss, predictions and labels to
+:class:`EpochMeters` and never waits for the device: sums stay tensors, and metric
+updates are batched (a few steps' outputs concatenated, one ``update``), because a
+metric update per step costs more than the rest of a small model's step. A Python
+float exists only when someone reads: the progress bar when it redraws, and the
+loop at epoch end. Each read is one device-to-host copy.
+
+Values are exact over the epoch's samples: the loss is weighted by batch size, never
+a mean of batch means.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+
+# How many steps of outputs are held before the metrics see them. Bounded so a big
+# model's outputs do not pile up; any read flushes earlier.
+FLUSH_EVERY = 16
+
+
+def is_stateful_metric(metric: Any) -> bool:
+    """torchmetrics ``Metric`` or any object with ``compute`` and ``reset`` (torchkeras's pattern)."""
+    return callable(getattr(metric, "compute", None)) and callable(getattr(metric, "reset", None))
+
+
+def check_metrics(metrics_dict: Optional[dict]) -> dict:
+    """Refuse a metric that cannot be called, naming its key."""
+    metrics_dict = dict(metrics_dict or {})
+    for name, metric in metrics_dict.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"metrics_dict keys must be non-empty strings like 'acc'; got {name!r}.")
+        if not callable(metric):
+            raise TypeError(
+                f"metrics_dict[{name!r}] is a {type(metric).__name__}, which cannot be called. A metric is a "
+                "torchmetrics Metric (e.g. torchmetrics.Accuracy(task='multiclass', num_classes=10)), a module "
+                "with forward/compute/reset, or a function f(preds, labels) -> tensor."
+            )
+    return metrics_dict
+
+
+class _StatefulMeter:
+    """A metric that keeps its own state: updated with batches, read with ``compute``."""
+
+    def __init__(self, metric: Any, device: torch.device):
+        self.metric = copy.deepcopy(metric)  # train and val each get their own, once per fit
+        if isinstance(self.metric, torch.nn.Module):
+            self.metric.to(device)
+        self._update = getattr(self.metric, "update", None) or self.metric
+        self.seen = False
+
+    def update(self, preds: Any, labels: Any, n: int) -> None:
+        self._update(preds, labels)
+        self.seen = True
+
+    def value(self) -> torch.Tensor:
+        return torch.as_tensor(self.metric.compute())
+
+    def reset(self) -> None:
+        self.metric.reset()
+        self.seen = False
+
+
+class _FunctionMeter:
+    """A plain ``f(preds, labels) -> tensor``, averaged over samples."""
+
+    def __init__(self, fn: Callable, device: torch.device, sum_dtype: torch.dtype):
+        self.fn = fn
+        self.total = torch.zeros((), device=device, dtype=sum_dtype)
+        self.count = 0
+        self.seen = False
+
+    def update(self, preds: Any, labels: Any, n: int) -> None:
+        value = torch.as_tensor(self.fn(preds, labels))
+        self.total += value.detach().to(self.total.device, self.total.dtype) * n
+        self.count += n
+        self.seen = True
+
+    def value(self) -> torch.Tensor:
+        return self.total / max(self.count, 1)
+
+    def reset(self) -> None:
+        self.total.zero_()
+        self.count = 0
+        self.seen = False
+
+
+class EpochMeters:
+    """Loss and metrics of one stage (``train`` or ``val``) over one epoch."""
+
+    def __init__(self, prefix: str, metrics_dict: dict, device: torch.device, reduce_fn: Optional[Callable] = None):
+        self.prefix = prefix
+        self.device = device
+        # float64 sums where the device has them, so long epochs add up exactly.
+        self.sum_dtype = torch.float32 if device.type == "mps" else torch.float64
+        self.meters = {
+            name: _StatefulMeter(m, device) if is_stateful_metric(m) else _FunctionMeter(m, device, self.sum_dtype)
+            for name, m in metrics_dict.items()
+        }
+        self.reduce_fn = reduce_fn  # sums a tensor over processes; None in a single process
+        self.loss_sum = torch.zeros((), device=device, dtype=self.sum_dtype)
+        self.count = 0
+        self._pending: list[tuple[Any, Any, int]] = []
+
+    @property
+    def names(self) -> list[str]:
+        return [f"{self.prefix}_loss"] + [f"{self.prefix}_{name}" for name in self.meters]
+
+    def reset(self) -> None:
+        self.loss_sum.zero_()
+        self.count = 0
+        self._pending.clear()
+        for meter in self.meters.values():
+            meter.reset()
+
+    def update(self, loss: Optional[torch.Tensor], preds: Any, labels: Any, n: int) -> None:
+        """Add one batch. ``loss`` is the batch mean; nothing here waits for the device."""
+        if loss is not None:
+            self.loss_sum += loss.detach().to(self.sum_dtype) * n
+        self.count += n
+        if not self.meters:
+            return
+        if self._pending and not _can_concatenate(self._pending[-1], preds, labels):
+            self._flush()
+        self._pending.append((preds, labels, n))
+        if len(self._pending) >= FLUSH_EVERY:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        if len(self._pending) == 1:
+            preds, labels, n = self._pending[0]
+        else:
+            preds = torch.cat([p for p, _, _ in self._pending])
+            labels = torch.cat([y for _, y, _ in self._pending])
+            n = sum(k for _, _, k in self._pending)
+        self._pending.clear()
+        preds = _metric_friendly(preds)
+        for meter in self.meters.values():
+            meter.update(preds, labels, n)
+
+    def read(self, synced: bool = True) -> dict[str, float]:
+        """The epoch's values so far, as floats: one device-to-host copy.
+
+        ``synced=False`` reads this process's share only (for the progress bar, which
+        runs on the main process alone and must not enter a collective).
+        """
+        self._flush()
+        loss_sum, count = self.loss_sum, torch.tensor(float(self.count), device=self.device, dtype=self.sum_dtype)
+        function_meters = {k: m for k, m in self.meters.items() if isinstance(m, _FunctionMeter)}
+        if synced and self.reduce_fn is not None:
+            parts = [loss_sum, count]
+            for m in function_meters.values():
+                parts += [m.total, torch.tensor(float(m.count), device=self.device, dtype=self.sum_dtype)]
+            summed = self.reduce_fn(torch.stack(parts))
+            loss_sum, count = summed[0], summed[1]
+            function_values = {k: summed[2 + 2 * i] / summed[3 + 2 * i].clamp_min(1) for i, k in enumerate(function_meters)}
+        else:
+            function_values = {k: m.value() for k, m in function_meters.items()}
+        values = [loss_sum / count.clamp_min(1)]
+        for name, meter in self.meters.items():
+            value = function_values[name] if name in function_values else _stateful_value(meter, name)
+            values.append(value.detach().to(self.device, torch.float64 if self.sum_dtype == torch.float64 else torch.float32))
+        floats = torch.stack(values).tolist()
+        return dict(zip(self.names, floats))
+
+
+def _stateful_value(meter: _StatefulMeter, name: str) -> torch.Tensor:
+    if not meter.seen:
+        return torch.tensor(math.nan)
+    value = meter.value()
+    if value.numel() != 1:
+        raise ValueError(
+            f"Metric {name!r} computed a tensor of shape {tuple(value.shape)}; the history holds one number per "
+            "metric. Use a metric that returns a scalar (e.g. average='macro' in torchmetrics)."
+        )
+    return value.reshape(())
+
+
+def _metric_friendly(preds: Any) -> Any:
+    # Half-precision outputs (16/bf16 mixed or true) go to metrics as float32, which all accept.
+    if isinstance(preds, torch.Tensor) and preds.dtype in (torch.float16, torch.bfloat16):
+        return preds.float()
+    return preds
+
+
+def _can_concatenate(previous: tuple, preds: Any, labels: Any) -> bool:
+    prev_preds, prev_labels, _ = previous
+    return (
+        isinstance(preds, torch.Tensor)
+        and isinstance(labels, torch.Tensor)
+        and isinstance(prev_preds, torch.Tensor)
+        and isinstance(prev_labels, torch.Tensor)
+        and preds.dim() > 0
+        and labels.dim() > 0
+        and preds.shape[1:] == prev_preds.shape[1:]
+        and labels.shape[1:] == prev_labels.shape[1:]
+        and preds.dtype == prev_preds.dtype
+        and labels.dtype == prev_labels.dtype
+    )
+
+
+class StepLogs(Mapping):
+    """The running values handed to per-step callbacks, read from the device only if looked at.
+
+    A callback that ignores ``logs`` costs nothing; one that reads ``logs["train_loss"]``
+    pays one device-to-host copy for that step.
+    """
+
+    def __init__(self, meters: EpochMeters):
+        self._meters = meters
+        self._values: Optional[dict] = None
+
+    def _read(self) -> dict:
+        if self._values is None:
+            self._values = self._meters.read(synced=False)
+        return self._values
+
+    def __getitem__(self, key: str) -> float:
+        return self._read()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._meters.names)
+
+    def __len__(self) -> int:
+        return len(self._meters.names)
+
+    def __repr__(self) -> str:
+        return f"StepLogs({self._read()!r})"
+

@@ -1,0 +1,354 @@
+"""Where and in what precision a run happens: Lightning's words, accelerate's engine.
+
+``fit(accelerator=..., devices=..., precision=...)`` is parsed here into a
+:class:`Runtime`, which the loop asks for the device, the autocast context, the
+grad scaler and the few collective operations it needs. Everything in this file is
+checked before the first batch, so a bad value never costs a half-trained net.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Union
+
+import torch
+
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+
+PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
+_PRECISION_ALIASES = {
+    32: "32-true", "32": "32-true",
+    64: "64-true", "64": "64-true",
+    16: "16-mixed", "16": "16-mixed",
+    "bf16": "bf16-mixed",
+}
+# torchkeras's spelling, so its users change only the import.
+_MIXED_PRECISION_WORDS = {"no": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
+
+_AUTOCAST_DTYPES = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
+_PARAM_DTYPES = {"16-true": torch.float16, "bf16-true": torch.bfloat16, "64-true": torch.float64}
+
+DevicesArg = Union[int, str, Sequence[int]]
+
+
+def parse_precision(precision: Any = "32-true", mixed_precision: Optional[str] = None) -> str:
+    """Return the canonical precision name (one of :data:`PRECISIONS`).
+
+    Accepts Lightning's names and aliases (``32``, ``"16"``, ``"bf16"`` ...) and
+    torchkeras's ``mixed_precision="no"|"fp16"|"bf16"``.
+    """
+    allowed = f"{', '.join(repr(p) for p in PRECISIONS)} or the aliases 32, 64, 16, '32', '64', '16', 'bf16'"
+    if isinstance(precision, bool):
+        raise ValueError(f"precision={precision!r} is not a precision; use {allowed}.")
+    if isinstance(precision, str):
+        precision = precision.strip()
+    canonical = precision if precision in PRECISIONS else _PRECISION_ALIASES.get(precision)
+    if canonical is None:
+        raise ValueError(f"precision={precision!r} is not supported; use {allowed}.")
+    if mixed_precision is None:
+        return canonical
+    if mixed_precision not in _MIXED_PRECISION_WORDS:
+        raise ValueError(
+            f"mixed_precision={mixed_precision!r} is not supported; use 'no', 'fp16' or 'bf16' "
+            f"(or Lightning's precision= with {allowed})."
+        )
+    from_mixed = _MIXED_PRECISION_WORDS[mixed_precision]
+    if canonical != "32-true" and canonical != from_mixed:
+        raise ValueError(
+            f"precision={precision!r} and mixed_precision={mixed_precision!r} disagree; pass only one of them."
+        )
+    return from_mixed
+
+
+def _mps_available() -> bool:
+    return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+
+
+def parse_accelerator(accelerator: str = "auto", cpu: bool = False) -> str:
+    """Return the torch device type to run on: ``"cuda"``, ``"mps"`` or ``"cpu"``.
+
+    ``"auto"`` prefers CUDA, then MPS, then the CPU; ``"gpu"`` means CUDA, else MPS.
+    Asking for hardware that is absent is an error, never a silent fall back to the CPU.
+    ``cpu=True`` is torchkeras's way of saying ``accelerator="cpu"``.
+    """
+    if not isinstance(accelerator, str) or accelerator.strip().lower() not in ACCELERATORS:
+        raise ValueError(
+            f"accelerator={accelerator!r} is not known; use one of {', '.join(repr(a) for a in ACCELERATORS)}."
+        )
+    accelerator = accelerator.strip().lower()
+    if cpu:
+        if accelerator not in ("auto", "cpu"):
+            raise ValueError(f"cpu=True and accelerator={accelerator!r} disagree; pass only one of them.")
+        return "cpu"
+    if accelerator == "cpu":
+        return "cpu"
+    has_cuda, has_mps = torch.cuda.is_available(), _mps_available()
+    if accelerator == "auto":
+        return "cuda" if has_cuda else "mps" if has_mps else "cpu"
+    if accelerator == "gpu":
+        if has_cuda or has_mps:
+            return "cuda" if has_cuda else "mps"
+        raise RuntimeError(
+            "accelerator='gpu' was asked for, but this machine has no CUDA or MPS device that torch can see "
+            f"(torch {torch.__version__}, built {'with' if torch.version.cuda else 'without'} CUDA). "
+            "Use accelerator='cpu' (or 'auto'), or install a CUDA build of torch on a machine with a GPU."
+        )
+    if accelerator == "cuda" and not has_cuda:
+        raise RuntimeError(
+            "accelerator='cuda' was asked for, but torch.cuda.is_available() is False on this machine "
+            f"(torch {torch.__version__}, built {'with' if torch.version.cuda else 'without'} CUDA). "
+            "Use accelerator='cpu' or 'auto'."
+        )
+    if accelerator == "mps" and not has_mps:
+        raise RuntimeError("accelerator='mps' was asked for, but no Apple MPS device is available; use 'cpu' or 'auto'.")
+    return accelerator
+
+
+def is_interactive() -> bool:
+    """True in a Jupyter kernel or a Python prompt (where Lightning's devices='auto' means one device)."""
+    if hasattr(sys, "ps1") or bool(getattr(sys.flags, "interactive", False)):
+        return True
+    return "ipykernel" in sys.modules
+
+
+def parse_devices(devices: DevicesArg, num_available: int, interactive: bool = False) -> list[int]:
+    """Turn Lightning's ``devices`` argument into a list of device indices.
+
+    ===========  =======  ==================  ==========================
+    devices      type     parsed              meaning
+    ===========  =======  ==================  ==========================
+    ``3``        int      ``[0, 1, 2]``       first 3 devices
+    ``-1``       int      ``[0, 1, ...]``     all available devices
+    ``[0]``      list     ``[0]``             device 0
+    ``[1, 3]``   list     ``[1, 3]``          devices 1 and 3
+    ``"3"``      str      ``[0, 1, 2]``       first 3 devices
+    ``"3,"``     str      ``[3]``             device 3 (the comma makes it an index)
+    ``"1, 3"``   str      ``[1, 3]``          devices 1 and 3
+    ``"-1"``     str      ``[0, 1, ...]``     all available devices
+    ``"auto"``   str      all, or ``[0]``     all from a script, one when ``interactive``
+    ===========  =======  ==================  ==========================
+
+    >>> parse_devices("3", 4), parse_devices("3,", 4), parse_devices([1, 3], 4)
+    ([0, 1, 2], [3], [1, 3])
+    """
+    accepted = "an int k (first k), -1 (all), a list of indices like [0, 2], or a string like '2', '-1', '0, 2' or 'auto'"
+    if num_available < 1:
+        raise ValueError("No device of this kind is available to choose from.")
+    if isinstance(devices, bool) or isinstance(devices, float):
+        raise TypeError(f"devices={devices!r} is a {type(devices).__name__}; devices takes {accepted}.")
+    if isinstance(devices, str):
+        text = devices.strip()
+        if text == "auto":
+            return [0] if interactive else list(range(num_available))
+        if text == "-1":
+            return list(range(num_available))
+        if "," in text:
+            parts = [p.strip() for p in text.split(",") if p.strip()]
+            if not parts or not all(p.lstrip("-").isdigit() for p in parts):
+                raise ValueError(f"devices={devices!r} is not a list of device indices; devices takes {accepted}.")
+            return _check_indices([int(p) for p in parts], num_available, devices)
+        if not text.lstrip("-").isdigit():
+            raise ValueError(f"devices={devices!r} is not understood; devices takes {accepted}.")
+        devices = int(text)
+    if isinstance(devices, int):
+        if devices == -1:
+            return list(range(num_available))
+        if devices < 1:
+            raise ValueError(f"devices={devices!r} must be a positive number of devices or -1 for all; devices takes {accepted}.")
+        if devices > num_available:
+            raise ValueError(
+                f"devices={devices} asks for {devices} devices, but this machine has {num_available}. "
+                f"Use devices={num_available} or -1 for all of them."
+            )
+        return list(range(devices))
+    if isinstance(devices, (list, tuple)):
+        if not devices:
+            raise ValueError(f"devices={devices!r} is empty; devices takes {accepted}.")
+        bad = [d for d in devices if isinstance(d, bool) or not isinstance(d, int)]
+        if bad:
+            raise TypeError(f"devices={devices!r} holds {bad[0]!r}, which is not an int index; devices takes {accepted}.")
+        return _check_indices(list(devices), num_available, devices)
+    raise TypeError(f"devices={devices!r} is a {type(devices).__name__}; devices takes {accepted}.")
+
+
+def _check_indices(indices: list[int], num_available: int, original: Any) -> list[int]:
+    if len(set(indices)) != len(indices):
+        raise ValueError(f"devices={original!r} names a device more than once; name each index once.")
+    wrong = [i for i in indices if i < 0 or i >= num_available]
+    if wrong:
+        raise ValueError(
+            f"devices={original!r} names index {wrong[0]}, but this machine has {num_available} device(s): "
+            f"valid indices are 0 to {num_available - 1}."
+        )
+    return indices
+
+
+def num_devices_available(device_type: str) -> int:
+    if device_type == "cuda":
+        return torch.cuda.device_count()
+    if device_type == "cpu":
+        # Each CPU "device" is a process; any number may be started.
+        return max(os.cpu_count() or 1, 64)
+    return 1
+
+
+def launched_by_distributed_runner() -> bool:
+    """True when this process is one rank of a job started by torchrun or accelerate launch."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+@dataclass
+class Runtime:
+    """What the loop needs to know about where it runs. Built by :func:`build_runtime`."""
+
+    accelerator: Any  # accelerate.Accelerator
+    device: torch.device
+    precision: str
+    autocast_dtype: Optional[torch.dtype]
+    param_dtype: Optional[torch.dtype]
+    scaler: Optional[Any]  # torch.amp.GradScaler, for 16-mixed on CUDA only
+    owns_state: bool  # True when fit built the accelerate state and must reset it
+
+    @property
+    def num_processes(self) -> int:
+        return 1 if self.accelerator is None else self.accelerator.num_processes
+
+    @property
+    def is_main_process(self) -> bool:
+        return True if self.accelerator is None else self.accelerator.is_main_process
+
+    def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum a tensor over all processes (the identity in a single process)."""
+        if self.num_processes == 1:
+            return tensor
+        return self.accelerator.reduce(tensor, reduction="sum")
+
+    @property
+    def moves_batches(self) -> bool:
+        return self.device.type != "cpu" or self.param_dtype is not None
+
+    def autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def to_device(self, batch):
+        """Move a nested batch to the run's device (non-blocking from pinned memory) and cast
+        floating tensors to the net's dtype under the *-true precisions."""
+        if not self.moves_batches:
+            return batch
+        return _map_tensors(batch, self._move)
+
+    def _move(self, tensor: torch.Tensor) -> torch.Tensor:
+        dtype = self.param_dtype if (self.param_dtype is not None and tensor.is_floating_point()) else None
+        return tensor.to(self.device, dtype=dtype, non_blocking=self.device.type == "cuda")
+
+    def no_sync(self, net: torch.nn.Module):
+        """Skip DDP's gradient all-reduce for a batch that does not end an accumulation group."""
+        if isinstance(net, torch.nn.parallel.DistributedDataParallel):
+            return net.no_sync()
+        return contextlib.nullcontext()
+
+    def describe(self) -> str:
+        where = str(self.device)
+        if self.num_processes > 1:
+            where = f"{self.num_processes} processes ({self.device.type}, {self.accelerator.distributed_type.value})"
+        return f"kerastorch: training on {where} in precision {self.precision}"
+
+    def teardown(self) -> None:
+        """Forget accelerate's process-wide state, so the next fit may choose differently."""
+        if self.owns_state:
+            reset_accelerate_state()
+
+
+def _map_tensors(obj, fn):
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return type(obj)((k, _map_tensors(v, fn)) for k, v in obj.items())
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(_map_tensors(v, fn) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(v, fn) for v in obj)
+    return obj
+
+
+def reset_accelerate_state() -> None:
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def build_runtime(
+    accelerator: str = "auto",
+    devices: DevicesArg = "auto",
+    precision: Any = "32-true",
+    mixed_precision: Optional[str] = None,
+    cpu: bool = False,
+) -> Runtime:
+    """Parse the three words and build accelerate's ``Accelerator`` for one process.
+
+    accelerate's own mixed precision is left off on purpose: it wraps ``net.forward``
+    with autocast and leaves that wrapper on the net after training. We autocast the
+    forward and loss ourselves, in the loop, so the user's net comes back untouched.
+    """
+    from accelerate import Accelerator
+
+    precision = parse_precision(precision, mixed_precision)
+    device_type = parse_accelerator(accelerator, cpu=cpu)
+    in_job = launched_by_distributed_runner()
+    if not in_job:
+        if isinstance(devices, str) and devices.strip() == "auto" and device_type != "cuda":
+            devices = 1  # Lightning's "auto" is one process on the CPU and on MPS
+        chosen = parse_devices(devices, num_devices_available(device_type), interactive=is_interactive())
+        if len(chosen) > 1:
+            from .launch import several_devices_error
+
+            raise several_devices_error(chosen, device_type)
+        if device_type == "cuda" and chosen != [0]:
+            # One process on a chosen GPU: accelerate's single-device override.
+            os.environ["ACCELERATE_TORCH_DEVICE"] = f"cuda:{chosen[0]}"
+    if device_type in ("cpu", "mps") and precision == "16-mixed":
+        warnings.warn(
+            f"precision='16-mixed' is not supported on {device_type.upper()} (see the precision table); "
+            "running 'bf16-mixed' instead. Pass precision='bf16-mixed' to silence this warning.",
+            UserWarning,
+            stacklevel=3,
+        )
+        precision = "bf16-mixed"
+
+    reset_accelerate_state() if not in_job else None
+    try:
+        acc = Accelerator(cpu=device_type == "cpu", mixed_precision="no")
+    finally:
+        os.environ.pop("ACCELERATE_TORCH_DEVICE", None)
+    scaler = None
+    if precision == "16-mixed" and acc.device.type == "cuda":
+        scaler = torch.amp.GradScaler("cuda")
+    return Runtime(
+        accelerator=acc,
+        device=acc.device,
+        precision=precision,
+        autocast_dtype=_AUTOCAST_DTYPES.get(precision),
+        param_dtype=_PARAM_DTYPES.get(precision),
+        scaler=scaler,
+        owns_state=not in_job,
+    )
+
+
+def runtime_for_net(net: torch.nn.Module) -> Runtime:
+    """A single-process runtime on the device and dtype the net already has (for evaluate/predict)."""
+    tensors = list(net.parameters()) or list(net.buffers())
+    device = tensors[0].device if tensors else torch.device("cpu")
+    floating = {t.dtype for t in tensors if t.is_floating_point()}
+    param_dtype = floating.pop() if len(floating) == 1 else None
+    if param_dtype == torch.float32:
+        param_dtype = None
+    precision = {None: "32-true", torch.float64: "64-true", torch.float16: "16-true", torch.bfloat16: "bf16-true"}.get(param_dtype, "32-true")
+    return Runtime(accelerator=None, device=device, precision=precision, autocast_dtype=None,
+                   param_dtype=param_dtype, scaler=None, owns_state=False)
