@@ -67,7 +67,7 @@ def train_epoch(model, loader, runtime: Runtime, meters: EpochMeters, callbacks:
         with contextlib.nullcontext() if updates_now else runtime.no_sync(net):
             with runtime.autocast():
                 loss, preds, labels = model.forward_batch(batch)
-            backward(loss / accumulate, runtime)
+            backward(loss / accumulate if accumulate > 1 else loss, runtime)
         if updates_now:
             optimizer_step(model, runtime, settings, grad_factor=accumulate / waiting)
             waiting = 0
@@ -133,7 +133,8 @@ def backward(loss: torch.Tensor, runtime: Runtime) -> None:
 
 def optimizer_step(model, runtime: Runtime, settings: StepSettings, grad_factor: float = 1.0) -> None:
     optimizer, scaler = model.optimizer, runtime.scaler
-    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if grad_factor != 1.0 or settings.clip_val is not None:
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     if grad_factor != 1.0:  # a shorter last group: its mean is over fewer batches
         torch._foreach_mul_([p.grad for p in params], grad_factor)
     if settings.clip_val is not None:

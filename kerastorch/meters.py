@@ -122,7 +122,7 @@ class EpochMeters:
     def update(self, loss: Optional[torch.Tensor], preds: Any, labels: Any, n: int) -> None:
         """Add one batch. ``loss`` is the batch mean; nothing here waits for the device."""
         if loss is not None:
-            self.loss_sum += loss.detach().to(self.sum_dtype) * n
+            self.loss_sum.add_(loss.detach(), alpha=n)  # one kernel; promotes to the sum's dtype
         self.count += n
         if not self.meters:
             return

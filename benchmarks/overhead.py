@@ -1,0 +1,208 @@
+"""What does ``fit`` cost over a training loop that logs nothing?
+
+Runs, in one process and interleaved, three ways to train the same net on the same
+data with validation every epoch:
+
+* ``bare``: forward, backward, step; a validation forward pass; nothing logged.
+* ``seed loop``: the hand-written loop of seed 003 (tqdm bars, ``.item()`` per step,
+  a torchmetrics call per step, early stopping and a checkpoint file).
+* ``fit``: ``KerasModel.fit`` with the same metric, validation, early stopping, a
+  checkpoint file and its progress bar.
+
+Prints seconds per epoch (median over repeats) and the ratio to the bare loop for
+(a) a tiny MLP, where per-step overhead dominates, and (b) seed 003's CNN on 28x28
+inputs, where compute dominates. Targets: (a) <= 1.10x, (b) <= 1.02x.
+
+    python benchmarks/overhead.py [--repeats 5] [--epochs 3] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torchmetrics
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from tqdm import tqdm
+
+import kerastorch as kt
+from kerastorch.examples import create_cnn, digits_datasets
+
+
+def tiny_mlp_task():
+    gen = torch.Generator().manual_seed(0)
+    teacher = torch.randn(32, 10, generator=gen)
+    x = torch.randn(16384 + 4096, 32, generator=gen)
+    y = (x @ teacher).argmax(1)
+    train, val = TensorDataset(x[:16384], y[:16384]), TensorDataset(x[16384:], y[16384:])
+    make_net = lambda: nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))  # noqa: E731
+    return "tiny MLP, 16k samples, batch 64", train, val, make_net, 64
+
+
+def cnn_task():
+    train, val = digits_datasets(size=28)
+    return "seed 003 CNN, 28x28 digits, batch 64", train, val, create_cnn, 64
+
+
+def make_parts(make_net, lr=1e-3):
+    torch.manual_seed(0)
+    net = make_net()
+    return net, nn.CrossEntropyLoss(), torch.optim.Adam(net.parameters(), lr=lr), \
+        torchmetrics.Accuracy(task="multiclass", num_classes=10)
+
+
+def run_bare(make_net, dl_train, dl_val, epochs, device):
+    net, loss_fn, optimizer, _ = make_parts(make_net)
+    net.to(device)
+    start = time.perf_counter()
+    for _ in range(epochs):
+        net.train()
+        for x, y in dl_train:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            loss = loss_fn(net(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        net.eval()
+        with torch.no_grad():
+            for x, y in dl_val:
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                loss_fn(net(x), y)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / epochs
+
+
+def run_seed_loop(make_net, dl_train, dl_val, epochs, device, ckpt_path):
+    """Seed 003's hand-written loop, its bugs (step9) fixed, on `device`."""
+    net, loss_fn, optimizer, metric = make_parts(make_net)
+    net.to(device)
+    metrics_dict = {"acc": metric.to(device)}
+    history, monitor, patience, mode = {}, "val_acc", 5, "max"
+    start = time.perf_counter()
+    for epoch in range(1, epochs + 1):
+        net.train()
+        total_loss, step = 0, 0
+        loop = tqdm(enumerate(dl_train), total=len(dl_train), file=sys.stderr)
+        train_metrics_dict = copy.deepcopy(metrics_dict)
+        for i, (features, labels) in loop:
+            features, labels = features.to(device), labels.to(device)
+            preds = net(features)
+            loss = loss_fn(preds, labels)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            step_metrics = {"train_" + n: m(preds, labels).item() for n, m in train_metrics_dict.items()}
+            step_log = dict({"train_loss": loss.item()}, **step_metrics)
+            total_loss += loss.item()
+            step += 1
+            if i != len(dl_train) - 1:
+                loop.set_postfix(**step_log)
+            else:
+                epoch_log = dict({"train_loss": total_loss / step},
+                                 **{"train_" + n: m.compute().item() for n, m in train_metrics_dict.items()})
+                loop.set_postfix(**epoch_log)
+                for m in train_metrics_dict.values():
+                    m.reset()
+        for name, value in epoch_log.items():
+            history[name] = history.get(name, []) + [value]
+        net.eval()
+        total_loss, step = 0, 0
+        loop = tqdm(enumerate(dl_val), total=len(dl_val), file=sys.stderr)
+        val_metrics_dict = copy.deepcopy(metrics_dict)
+        with torch.no_grad():
+            for i, (features, labels) in loop:
+                features, labels = features.to(device), labels.to(device)
+                preds = net(features)
+                loss = loss_fn(preds, labels)
+                step_metrics = {"val_" + n: m(preds, labels).item() for n, m in val_metrics_dict.items()}
+                step_log = dict({"val_loss": loss.item()}, **step_metrics)
+                total_loss += loss.item()
+                step += 1
+                if i != len(dl_val) - 1:
+                    loop.set_postfix(**step_log)
+                else:
+                    epoch_log = dict({"val_loss": total_loss / step},
+                                     **{"val_" + n: m.compute().item() for n, m in val_metrics_dict.items()})
+                    loop.set_postfix(**epoch_log)
+                    for m in val_metrics_dict.values():
+                        m.reset()
+        epoch_log["epoch"] = epoch
+        for name, value in epoch_log.items():
+            history[name] = history.get(name, []) + [value]
+        scores = history[monitor]
+        best = np.argmax(scores) if mode == "max" else np.argmin(scores)
+        if best == len(scores) - 1:
+            torch.save(net.state_dict(), ckpt_path)
+        if len(scores) - best > patience:
+            break
+    return (time.perf_counter() - start) / epochs
+
+
+class EpochClock(kt.Callback):
+    """Times the epochs themselves, not fit's one-off set-up."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 1:
+            self.start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.end = time.perf_counter()
+        self.epochs = epoch
+
+
+def run_fit(make_net, dl_train, dl_val, epochs, device, ckpt_path, precision="32-true"):
+    net, loss_fn, optimizer, metric = make_parts(make_net)
+    model = kt.KerasModel(net, loss_fn, {"acc": metric}, optimizer)
+    clock = EpochClock()
+    model.fit(dl_train, dl_val, epochs=epochs, patience=5, monitor="val_acc", mode="max", ckpt_path=ckpt_path,
+              callbacks=[clock], accelerator=device.type, precision=precision)
+    return (clock.end - clock.start) / clock.epochs
+
+
+def measure(task, repeats, epochs, device):
+    title, train, val, make_net, batch_size = task()
+    pin = device.type == "cuda"
+    dl_train = DataLoader(train, batch_size=batch_size, shuffle=True, pin_memory=pin)
+    dl_val = DataLoader(val, batch_size=batch_size, pin_memory=pin)
+    times = {"bare": [], "seed loop": [], "fit": []}
+    with tempfile.TemporaryDirectory() as folder:
+        ckpt = os.path.join(folder, "best.pt")
+        run_bare(make_net, dl_train, dl_val, 1, device)  # warm-up: allocator, kernels, thread pools
+        for _ in range(repeats):
+            times["bare"].append(run_bare(make_net, dl_train, dl_val, epochs, device))
+            times["fit"].append(run_fit(make_net, dl_train, dl_val, epochs, device, ckpt))
+            times["seed loop"].append(run_seed_loop(make_net, dl_train, dl_val, epochs, device, ckpt))
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    print(f"\n{title} on {device} (median of {repeats} runs of {epochs} epochs)")
+    print(f"{'loop':<12}{'s/epoch':>10}{'x bare':>9}")
+    for name, seconds in medians.items():
+        print(f"{name:<12}{seconds:>10.4f}{seconds / medians['bare']:>9.3f}")
+    return medians
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--only", choices=["mlp", "cnn"], default=None)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, kerastorch {kt.__version__}")
+    tasks = {"mlp": tiny_mlp_task, "cnn": cnn_task}
+    for name, task in tasks.items():
+        if args.only in (None, name):
+            measure(task, args.repeats, args.epochs, device)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""Small real data and nets shared by the tests: scikit-learn's bundled 8x8 digits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from kerastorch.examples import digits_datasets
+
+
+@pytest.fixture(scope="session")
+def digits8():
+    """(train, val) TensorDatasets of flattened 8x8 digits: 1348 and 449 samples."""
+    ds_train, ds_val = digits_datasets(size=8, seed=0)
+    flat = lambda ds: TensorDataset(ds.tensors[0].flatten(1), ds.tensors[1])  # noqa: E731
+    return flat(ds_train), flat(ds_val)
+
+
+@pytest.fixture
+def loaders(digits8):
+    ds_train, ds_val = digits8
+    torch.manual_seed(0)
+    return DataLoader(ds_train, batch_size=64, shuffle=True), DataLoader(ds_val, batch_size=50)
+
+
+def make_mlp(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+@pytest.fixture
+def mlp():
+    return make_mlp()

@@ -1,0 +1,259 @@
+"""KerasModel.fit on real data: it learns, the history is exact, the best weights come back."""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+import pytest
+import torch
+import torchmetrics
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import kerastorch as kt
+from conftest import make_mlp
+
+
+def accuracy_metric():
+    return torchmetrics.Accuracy(task="multiclass", num_classes=10)
+
+
+def test_fit_learns_and_returns_history_in_the_documented_shape(loaders, mlp, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    dl_train, dl_val = loaders
+    model = kt.KerasModel(mlp, nn.CrossEntropyLoss(), {"acc": accuracy_metric()},
+                          torch.optim.Adam(mlp.parameters(), lr=1e-2))
+    history = model.fit(dl_train, dl_val, epochs=6, monitor="val_acc", mode="max", verbose=0)
+
+    assert isinstance(history, pd.DataFrame)
+    assert list(history.columns) == ["epoch", "train_loss", "train_acc", "lr", "val_loss", "val_acc"]
+    assert history["epoch"].tolist() == list(range(1, 7))
+    assert all(isinstance(v, float) for v in history.iloc[0, 1:])
+    assert history["val_acc"].max() > 0.9  # chance is 0.1
+    assert history["train_loss"].iloc[-1] < history["train_loss"].iloc[0]
+    assert model.history.equals(history)
+    assert os.listdir(tmp_path) == []  # best weights kept in memory: no stray files
+
+
+def test_restored_weights_are_the_best_epochs(loaders, mlp):
+    dl_train, dl_val = loaders
+    model = kt.KerasModel(mlp, nn.CrossEntropyLoss(), {"acc": accuracy_metric()},
+                          torch.optim.SGD(mlp.parameters(), lr=0.5))  # a high lr makes val_loss jump about
+    history = model.fit(dl_train, dl_val, epochs=8, patience=None, verbose=0)
+
+    best = history.loc[history["val_loss"].idxmin()]
+    scores = model.evaluate(dl_val, quiet=True)
+    assert scores["val_loss"] == pytest.approx(best["val_loss"], rel=1e-6)
+    assert scores["val_acc"] == pytest.approx(best["val_acc"], rel=1e-6)
+
+
+def test_early_stopping_stops_exactly_patience_epochs_after_the_best(loaders, mlp):
+    dl_train, dl_val = loaders
+    model = kt.KerasModel(mlp, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(mlp.parameters(), lr=1e-2))
+    # The training loss falls every epoch, so with mode="max" epoch 1 stays the best.
+    history = model.fit(dl_train, dl_val, epochs=20, patience=3, monitor="train_loss", mode="max", verbose=0)
+    assert history["epoch"].tolist() == [1, 2, 3, 4]
+    assert history["train_loss"].is_monotonic_decreasing
+
+
+def test_best_weights_are_written_to_ckpt_path_and_load_into_a_fresh_model(loaders, mlp, tmp_path):
+    dl_train, dl_val = loaders
+    ckpt = tmp_path / "sub" / "best.safetensors"
+    model = kt.KerasModel(mlp, nn.CrossEntropyLoss(), {"acc": accuracy_metric()})
+    history = model.fit(dl_train, dl_val, epochs=3, ckpt_path=ckpt, monitor="val_acc", mode="max", verbose=0)
+    assert ckpt.is_file()
+    assert [p.name for p in ckpt.parent.iterdir()] == ["best.safetensors"]  # no temp files left
+
+    fresh = kt.KerasModel(make_mlp(seed=1), nn.CrossEntropyLoss(), {"acc": accuracy_metric()})
+    fresh.load_ckpt(ckpt)
+    assert fresh.evaluate(dl_val, quiet=True)["val_acc"] == pytest.approx(history["val_acc"].max())
+
+
+def test_epoch_values_are_exact_over_samples_not_means_of_batch_means():
+    torch.manual_seed(0)
+    x, y = torch.randn(10, 3), torch.randn(10, 1)
+    net = nn.Linear(3, 1)
+    loader = DataLoader(TensorDataset(x, y), batch_size=4)  # batches of 4, 4 and 2
+
+    def mean_abs_error(preds, labels):
+        return (preds - labels).abs().mean()
+
+    model = kt.KerasModel(net, nn.MSELoss(), {"mae": mean_abs_error, "mse": torchmetrics.MeanSquaredError()},
+                          torch.optim.SGD(net.parameters(), lr=0.01))
+    history = model.fit(loader, loader, epochs=1, verbose=0)
+    with torch.no_grad():
+        preds = net(x)
+    assert history["val_loss"][0] == pytest.approx(nn.functional.mse_loss(preds, y).item(), rel=1e-6)
+    assert history["val_mae"][0] == pytest.approx((preds - y).abs().mean().item(), rel=1e-6)
+    assert history["val_mse"][0] == pytest.approx(history["val_loss"][0], rel=1e-6)
+    batch_means = [nn.functional.mse_loss(net(x[i:i + 4]), y[i:i + 4]).item() for i in (0, 4, 8)]
+    assert history["val_loss"][0] != pytest.approx(sum(batch_means) / 3, rel=1e-6)
+
+
+class TorchkerasAccuracy(nn.Module):
+    """The metric pattern torchkeras users write: state in Parameters, forward updates it."""
+
+    def __init__(self):
+        super().__init__()
+        self.correct = nn.Parameter(torch.tensor(0.0), requires_grad=False)
+        self.total = nn.Parameter(torch.tensor(0.0), requires_grad=False)
+
+    def forward(self, preds, targets):
+        m = (preds.argmax(dim=-1) == targets).sum()
+        self.correct += m
+        self.total += targets.numel()
+        return m.float() / targets.numel()
+
+    def compute(self):
+        return self.correct.float() / self.total
+
+    def reset(self):
+        self.correct -= self.correct
+        self.total -= self.total
+
+
+def plain_accuracy(preds, labels):
+    return (preds.argmax(dim=-1) == labels).float().mean()
+
+
+def test_three_metric_forms_agree(loaders, mlp):
+    dl_train, dl_val = loaders
+    metrics = {"tm": accuracy_metric(), "tk": TorchkerasAccuracy(), "fn": plain_accuracy}
+    model = kt.KerasModel(mlp, nn.CrossEntropyLoss(), metrics)
+    history = model.fit(dl_train, dl_val, epochs=2, verbose=0)
+    for stage in ("train", "val"):
+        tm, tk, fn = (history[f"{stage}_{m}"] for m in ("tm", "tk", "fn"))
+        assert tm.tolist() == pytest.approx(tk.tolist(), abs=1e-6)
+        assert tm.tolist() == pytest.approx(fn.tolist(), abs=1e-6)
+    assert model.metrics_dict["tk"].total.item() == 0  # the user's object is never touched
+
+
+class TwoInputNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 10), nn.Linear(64, 10)
+
+    def forward(self, x1, x2):
+        return self.a(x1) + self.b(x2)
+
+
+class DictDataset(torch.utils.data.Dataset):
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        x, y = self.ds[i]
+        return {"x1": x, "x2": x.flip(0), "labels": y}
+
+
+def test_batch_forms_tuple_multi_input_and_dict(digits8):
+    ds_train, ds_val = digits8
+    x, y = ds_train.tensors
+    multi = DataLoader(TensorDataset(x, x.flip(1), y), batch_size=64, shuffle=True)
+    as_dict = DataLoader(DictDataset(ds_train), batch_size=64, shuffle=True)
+    for loader in (multi, as_dict):
+        net = TwoInputNet()
+        model = kt.KerasModel(net, nn.CrossEntropyLoss(), {"acc": plain_accuracy},
+                              torch.optim.Adam(net.parameters(), lr=1e-2))
+        history = model.fit(loader, epochs=3, verbose=0)
+        assert history["train_acc"].iloc[-1] > 0.8
+        preds = model.predict(loader)
+        assert preds.shape == (len(ds_train), 10)
+
+
+def test_a_batch_without_labels_is_refused_before_any_weight_changes(digits8, mlp):
+    x = digits8[0].tensors[0]
+    before = [p.clone() for p in mlp.parameters()]
+    model = kt.KerasModel(mlp, nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match=r"bare tensor of shape \(64, 64\).*\(x, y\)"):
+        model.fit(DataLoader(x, batch_size=64), epochs=1, verbose=0)
+    assert all(torch.equal(a, b) for a, b in zip(before, mlp.parameters()))
+
+
+def test_wrong_monitor_lists_the_names_the_run_will_produce(loaders, mlp):
+    dl_train, dl_val = loaders
+    model = kt.KerasModel(mlp, nn.CrossEntropyLoss(), {"acc": plain_accuracy})
+    with pytest.raises(ValueError, match="available: train_loss, train_acc, lr, val_loss, val_acc"):
+        model.fit(dl_train, dl_val, monitor="val_accuracy", verbose=0)
+    with pytest.raises(ValueError, match="mode='maximum'"):
+        model.fit(dl_train, dl_val, mode="maximum", verbose=0)
+
+
+def test_a_metric_that_is_not_callable_is_refused_naming_its_key(mlp):
+    with pytest.raises(TypeError, match=r"metrics_dict\['acc'\] is a str"):
+        kt.KerasModel(mlp, nn.CrossEntropyLoss(), {"acc": "accuracy"})
+
+
+def test_predict_returns_cpu_outputs_in_data_order_for_labelled_and_unlabelled_loaders(loaders, digits8, mlp):
+    dl_train, _ = loaders
+    model = kt.KerasModel(mlp, nn.CrossEntropyLoss())
+    model.fit(dl_train, epochs=1, verbose=0)
+    x, _ = digits8[1].tensors
+    with torch.no_grad():
+        expected = mlp.eval()(x)
+    from_inputs = model.predict(DataLoader(x, batch_size=33))
+    from_pairs = model.predict(DataLoader(digits8[1], batch_size=33))
+    assert from_inputs.device.type == "cpu"
+    torch.testing.assert_close(from_inputs, expected)
+    torch.testing.assert_close(from_pairs, expected)
+
+
+class RecordingCallback(kt.Callback):
+    def __init__(self):
+        self.calls = []
+
+    def on_train_begin(self, logs=None):
+        self.calls.append("train_begin")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.calls.append(f"epoch_begin {epoch}")
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 0:
+            self.calls.append(f"batch_end loss>0={logs['train_loss'] > 0}")
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.calls.append(f"epoch_end {epoch} {sorted(logs)}")
+        if epoch == 2:
+            self.model.stop_training = True
+
+    def on_train_end(self, logs=None):
+        self.calls.append("train_end")
+
+
+def test_user_callbacks_see_hooks_with_one_based_epochs_and_can_stop(loaders, mlp):
+    dl_train, dl_val = loaders
+    recorder = RecordingCallback()
+    model = kt.KerasModel(mlp, nn.CrossEntropyLoss())
+    history = model.fit(dl_train, dl_val, epochs=5, callbacks=[recorder], verbose=0)
+    keys = ["epoch", "lr", "train_loss", "val_loss"]
+    assert recorder.calls == ["train_begin", "epoch_begin 1", "batch_end loss>0=True", f"epoch_end 1 {keys}",
+                              "epoch_begin 2", "batch_end loss>0=True", f"epoch_end 2 {keys}", "train_end"]
+    assert len(history) == 2
+
+
+def test_seed_everything_makes_two_runs_identical(digits8):
+    histories, weights = [], []
+    for _ in range(2):
+        kt.seed_everything(123)
+        net = nn.Sequential(nn.Linear(64, 32), nn.Dropout(0.2), nn.ReLU(), nn.Linear(32, 10))
+        loader = DataLoader(digits8[0], batch_size=64, shuffle=True)
+        model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+        histories.append(model.fit(loader, epochs=2, verbose=0))
+        weights.append([p.detach().clone() for p in net.parameters()])
+    pd.testing.assert_frame_equal(histories[0], histories[1])
+    assert all(torch.equal(a, b) for a, b in zip(*weights))
+
+
+def test_verbose_prints_progress_and_the_device_line(loaders, mlp, capsys):
+    dl_train, dl_val = loaders
+    model = kt.KerasModel(mlp, nn.CrossEntropyLoss())
+    model.fit(dl_train, dl_val, epochs=2, verbose=2)
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "training on cpu in precision 32-true" in text
+    assert "Epoch 2/2: train_loss=" in text and "val_loss=" in text
