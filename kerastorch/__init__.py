@@ -7,6 +7,7 @@
 
 from . import callbacks
 from .callbacks import Callback
+from .cuda_devices import find_usable_cuda_devices
 from .model import KerasModel
 from .plots import plot_history
 from .runtime import parse_devices
@@ -19,6 +20,7 @@ __all__ = [
     "Callback",
     "KerasModel",
     "callbacks",
+    "find_usable_cuda_devices",
     "parse_devices",
     "plot_history",
     "seed_everything",

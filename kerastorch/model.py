@@ -22,6 +22,7 @@ from .callbacks import CallbackList, EarlyStopping, ProgressBar, RestoreBestWeig
 from .checkpoint import load_weights, save_weights, unwrap
 from .loop import StepSettings, evaluate_epoch, fit_loop, predict_outputs
 from .meters import EpochMeters, check_metrics
+from .placement import place_model
 from .runtime import Runtime, build_runtime, runtime_for_net
 
 
@@ -155,12 +156,7 @@ class KerasModel:
         return builtins
 
     def _place_net(self, runtime: Runtime) -> None:
-        if runtime.param_dtype is not None:
-            self.net.to(device=runtime.device, dtype=runtime.param_dtype)
-        else:
-            self.net.to(runtime.device)
-        if isinstance(self.loss_fn, nn.Module):
-            self.loss_fn.to(runtime.device)
+        place_model(self.net, self.loss_fn, self.optimizer, runtime)
 
     # -- using a trained model ---------------------------------------------------------
 

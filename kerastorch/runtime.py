@@ -9,6 +9,7 @@ checked before the first batch, so a bad value never costs a half-trained net.
 from __future__ import annotations
 
 import contextlib
+import numbers
 import os
 import sys
 import warnings
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
 import torch
+
+from .cuda_devices import cuda_device_count, why_no_cuda
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 
@@ -40,23 +43,26 @@ def parse_precision(precision: Any = "32-true", mixed_precision: Optional[str] =
 
     Accepts Lightning's names and aliases (``32``, ``"16"``, ``"bf16"`` ...) and
     torchkeras's ``mixed_precision="no"|"fp16"|"bf16"``.
+
+    >>> parse_precision(64), parse_precision("bf16"), parse_precision(mixed_precision="fp16")
+    ('64-true', 'bf16-mixed', '16-mixed')
     """
     allowed = f"{', '.join(repr(p) for p in PRECISIONS)} or the aliases 32, 64, 16, '32', '64', '16', 'bf16'"
-    if isinstance(precision, bool):
-        raise ValueError(f"precision={precision!r} is not a precision; use {allowed}.")
     if isinstance(precision, str):
-        precision = precision.strip()
-    canonical = precision if precision in PRECISIONS else _PRECISION_ALIASES.get(precision)
+        precision = precision.strip().lower()
+    canonical = None
+    if isinstance(precision, (str, int)) and not isinstance(precision, bool):
+        canonical = precision if precision in PRECISIONS else _PRECISION_ALIASES.get(precision)
     if canonical is None:
         raise ValueError(f"precision={precision!r} is not supported; use {allowed}.")
     if mixed_precision is None:
         return canonical
-    if mixed_precision not in _MIXED_PRECISION_WORDS:
+    if not isinstance(mixed_precision, str) or mixed_precision.strip().lower() not in _MIXED_PRECISION_WORDS:
         raise ValueError(
             f"mixed_precision={mixed_precision!r} is not supported; use 'no', 'fp16' or 'bf16' "
             f"(or Lightning's precision= with {allowed})."
         )
-    from_mixed = _MIXED_PRECISION_WORDS[mixed_precision]
+    from_mixed = _MIXED_PRECISION_WORDS[mixed_precision.strip().lower()]
     if canonical != "32-true" and canonical != from_mixed:
         raise ValueError(
             f"precision={precision!r} and mixed_precision={mixed_precision!r} disagree; pass only one of them."
@@ -73,7 +79,8 @@ def parse_accelerator(accelerator: str = "auto", cpu: bool = False) -> str:
 
     ``"auto"`` prefers CUDA, then MPS, then the CPU; ``"gpu"`` means CUDA, else MPS.
     Asking for hardware that is absent is an error, never a silent fall back to the CPU.
-    ``cpu=True`` is torchkeras's way of saying ``accelerator="cpu"``.
+    ``cpu=True`` is torchkeras's way of saying ``accelerator="cpu"``. CUDA is looked for
+    without being initialised (see :mod:`~kerastorch.cuda_devices`).
     """
     if not isinstance(accelerator, str) or accelerator.strip().lower() not in ACCELERATORS:
         raise ValueError(
@@ -86,22 +93,20 @@ def parse_accelerator(accelerator: str = "auto", cpu: bool = False) -> str:
         return "cpu"
     if accelerator == "cpu":
         return "cpu"
-    has_cuda, has_mps = torch.cuda.is_available(), _mps_available()
+    has_cuda, has_mps = cuda_device_count() > 0, _mps_available()
     if accelerator == "auto":
         return "cuda" if has_cuda else "mps" if has_mps else "cpu"
     if accelerator == "gpu":
         if has_cuda or has_mps:
             return "cuda" if has_cuda else "mps"
         raise RuntimeError(
-            "accelerator='gpu' was asked for, but this machine has no CUDA or MPS device that torch can see "
-            f"(torch {torch.__version__}, built {'with' if torch.version.cuda else 'without'} CUDA). "
-            "Use accelerator='cpu' (or 'auto'), or install a CUDA build of torch on a machine with a GPU."
+            f"accelerator='gpu' was asked for, but this machine has no GPU that torch can use: {why_no_cuda()}, "
+            "and there is no Apple MPS device. Use accelerator='cpu' (or 'auto'), or run on a machine with a GPU "
+            "and a CUDA build of torch."
         )
     if accelerator == "cuda" and not has_cuda:
         raise RuntimeError(
-            "accelerator='cuda' was asked for, but torch.cuda.is_available() is False on this machine "
-            f"(torch {torch.__version__}, built {'with' if torch.version.cuda else 'without'} CUDA). "
-            "Use accelerator='cpu' or 'auto'."
+            f"accelerator='cuda' was asked for, but {why_no_cuda()}. Use accelerator='cpu' or 'auto'."
         )
     if accelerator == "mps" and not has_mps:
         raise RuntimeError("accelerator='mps' was asked for, but no Apple MPS device is available; use 'cpu' or 'auto'.")
@@ -115,8 +120,17 @@ def is_interactive() -> bool:
     return "ipykernel" in sys.modules
 
 
-def parse_devices(devices: DevicesArg, num_available: int, interactive: bool = False) -> list[int]:
+_DEVICES_ACCEPTED = ("an int k (the first k devices), -1 (all), a list of indices like [0, 2], "
+                     "or a string: '2' (the first 2), '-1' (all), '0, 2' or '2,' (those indices), 'auto'")
+
+
+def parse_devices(devices: DevicesArg, num_available: int, interactive: bool = False,
+                  kind: str = "device") -> list[int]:
     """Turn Lightning's ``devices`` argument into a list of device indices.
+
+    ``num_available`` is how many devices there are to choose from; ``kind`` names them
+    in error messages (``"CUDA device"``). Nothing here looks at the hardware, so the
+    whole table can be checked on any machine.
 
     ===========  =======  ==================  ==========================
     devices      type     parsed              meaning
@@ -129,71 +143,123 @@ def parse_devices(devices: DevicesArg, num_available: int, interactive: bool = F
     ``"3,"``     str      ``[3]``             device 3 (the comma makes it an index)
     ``"1, 3"``   str      ``[1, 3]``          devices 1 and 3
     ``"-1"``     str      ``[0, 1, ...]``     all available devices
+    ``"0"``      str      ``[0]``             device 0 (zero devices is never meant)
     ``"auto"``   str      all, or ``[0]``     all from a script, one when ``interactive``
     ===========  =======  ==================  ==========================
 
-    >>> parse_devices("3", 4), parse_devices("3,", 4), parse_devices([1, 3], 4)
-    ([0, 1, 2], [3], [1, 3])
+    As in Lightning, a string with a single number is a *count* and a string with a comma
+    is a list of *indices*: ``"3"`` is the first three devices, ``"3,"`` is device 3 alone.
+    ``0`` (the int) is refused: a run needs at least one device.
+
+    Errors: a count or an index beyond ``num_available`` names how many there are; a
+    repeated index is refused; a float, a non-numeric string or a list holding a non-int
+    is a ``TypeError``/``ValueError`` that lists the accepted forms.
+
+    >>> parse_devices("3", 4), parse_devices("3,", 4), parse_devices([1, 3], 4), parse_devices(-1, 2)
+    ([0, 1, 2], [3], [1, 3], [0, 1])
     """
-    accepted = "an int k (first k), -1 (all), a list of indices like [0, 2], or a string like '2', '-1', '0, 2' or 'auto'"
-    if num_available < 1:
-        raise ValueError("No device of this kind is available to choose from.")
-    if isinstance(devices, bool) or isinstance(devices, float):
-        raise TypeError(f"devices={devices!r} is a {type(devices).__name__}; devices takes {accepted}.")
+    plural = f"{kind}s"
     if isinstance(devices, str):
         text = devices.strip()
-        if text == "auto":
-            return [0] if interactive else list(range(num_available))
-        if text == "-1":
-            return list(range(num_available))
+        if text.lower() == "auto":
+            return _first(1 if interactive else num_available, num_available, devices, plural)
         if "," in text:
             parts = [p.strip() for p in text.split(",") if p.strip()]
-            if not parts or not all(p.lstrip("-").isdigit() for p in parts):
-                raise ValueError(f"devices={devices!r} is not a list of device indices; devices takes {accepted}.")
-            return _check_indices([int(p) for p in parts], num_available, devices)
-        if not text.lstrip("-").isdigit():
-            raise ValueError(f"devices={devices!r} is not understood; devices takes {accepted}.")
-        devices = int(text)
-    if isinstance(devices, int):
-        if devices == -1:
-            return list(range(num_available))
-        if devices < 1:
-            raise ValueError(f"devices={devices!r} must be a positive number of devices or -1 for all; devices takes {accepted}.")
-        if devices > num_available:
-            raise ValueError(
-                f"devices={devices} asks for {devices} devices, but this machine has {num_available}. "
-                f"Use devices={num_available} or -1 for all of them."
-            )
-        return list(range(devices))
-    if isinstance(devices, (list, tuple)):
-        if not devices:
-            raise ValueError(f"devices={devices!r} is empty; devices takes {accepted}.")
-        bad = [d for d in devices if isinstance(d, bool) or not isinstance(d, int)]
+            if not parts or not all(_is_integer_text(p) for p in parts):
+                raise ValueError(f"devices={devices!r} is not a list of device indices; devices takes {_DEVICES_ACCEPTED}.")
+            return _check_indices([int(p) for p in parts], num_available, devices, plural)
+        if not _is_integer_text(text):
+            raise ValueError(f"devices={devices!r} is not understood; devices takes {_DEVICES_ACCEPTED}.")
+        if int(text) == 0:
+            return _check_indices([0], num_available, devices, plural)
+        devices = int(text)  # "3" counts like 3; "-1" means all, like -1
+    if isinstance(devices, numbers.Integral) and not isinstance(devices, bool):
+        count = int(devices)
+        if count == -1:
+            return _first(num_available, num_available, devices, plural)
+        if count == 0:
+            raise ValueError(f"devices=0 would train on no {kind} at all. Pass devices=1 for one {kind}, [0] or '0,' "
+                             "for the first one, or accelerator='cpu' to train on the CPU.")
+        if count < 0:
+            raise ValueError(f"devices={count} is not a number of {plural}; use a positive count, or -1 for all. "
+                             f"devices takes {_DEVICES_ACCEPTED}.")
+        return _first(count, num_available, devices, plural)
+    if isinstance(devices, (list, tuple, range)):
+        if len(devices) == 0:
+            raise ValueError(f"devices={devices!r} is empty; name at least one {kind}. devices takes {_DEVICES_ACCEPTED}.")
+        bad = [d for d in devices if isinstance(d, bool) or not isinstance(d, numbers.Integral)]
         if bad:
-            raise TypeError(f"devices={devices!r} holds {bad[0]!r}, which is not an int index; devices takes {accepted}.")
-        return _check_indices(list(devices), num_available, devices)
-    raise TypeError(f"devices={devices!r} is a {type(devices).__name__}; devices takes {accepted}.")
+            raise TypeError(f"devices={devices!r} holds {bad[0]!r}, a {type(bad[0]).__name__}, where a device index "
+                            f"(an int) belongs; devices takes {_DEVICES_ACCEPTED}.")
+        return _check_indices([int(d) for d in devices], num_available, devices, plural)
+    raise TypeError(f"devices={devices!r} is a {type(devices).__name__}; devices takes {_DEVICES_ACCEPTED}.")
 
 
-def _check_indices(indices: list[int], num_available: int, original: Any) -> list[int]:
-    if len(set(indices)) != len(indices):
-        raise ValueError(f"devices={original!r} names a device more than once; name each index once.")
+def _is_integer_text(text: str) -> bool:
+    return text.lstrip("+-").isdigit() and text.count("-") + text.count("+") <= 1
+
+
+def _first(count: int, num_available: int, original: Any, plural: str) -> list[int]:
+    if num_available < 1:
+        raise ValueError(f"devices={original!r} asks for {plural}, but this machine has none.")
+    if count > num_available:
+        raise ValueError(
+            f"devices={original!r} asks for {count} {plural}, but this machine has {num_available}. "
+            f"Use devices={num_available} or -1 for all of them."
+        )
+    return list(range(count))
+
+
+def _check_indices(indices: list[int], num_available: int, original: Any, plural: str) -> list[int]:
+    repeated = sorted({i for i in indices if indices.count(i) > 1})
+    if repeated:
+        raise ValueError(f"devices={original!r} names {plural[:-1]} {repeated[0]} more than once; name each index once.")
     wrong = [i for i in indices if i < 0 or i >= num_available]
     if wrong:
+        valid = f"valid indices are 0 to {num_available - 1}" if num_available else "there is nothing to choose from"
         raise ValueError(
-            f"devices={original!r} names index {wrong[0]}, but this machine has {num_available} device(s): "
-            f"valid indices are 0 to {num_available - 1}."
+            f"devices={original!r} names index {wrong[0]}, but this machine has {num_available} {plural}: {valid}. "
+            "Indices count from 0 (with CUDA_VISIBLE_DEVICES set, among the visible devices)."
         )
     return indices
 
 
 def num_devices_available(device_type: str) -> int:
+    """How many devices of this type there are to choose from (CUDA: counted without initialising it)."""
     if device_type == "cuda":
-        return torch.cuda.device_count()
+        return cuda_device_count()
     if device_type == "cpu":
-        # Each CPU "device" is a process; any number may be started.
-        return max(os.cpu_count() or 1, 64)
+        return os.cpu_count() or 1
     return 1
+
+
+def choose_devices(devices: DevicesArg, device_type: str, interactive: Optional[bool] = None) -> list[int]:
+    """The device indices a run uses: :func:`parse_devices` with what this machine has.
+
+    On the CPU and on MPS, ``"auto"`` is one device (as in Lightning). A CPU "device" is
+    one process, so a count larger than the number of cores is allowed (it runs, slowly);
+    ``-1`` on the CPU is one process per core. CUDA indices are relative to
+    ``CUDA_VISIBLE_DEVICES``; :func:`~kerastorch.cuda_devices.cuda_visible_devices` turns
+    them into the value a child process needs to see exactly these devices.
+    """
+    if interactive is None:
+        interactive = is_interactive()
+    if isinstance(devices, str) and devices.strip().lower() == "auto" and device_type != "cuda":
+        devices = 1
+    num_available = num_devices_available(device_type)
+    if device_type == "cpu":
+        num_available = max(num_available, _count_asked(devices))
+    kind = {"cuda": "CUDA device", "mps": "MPS device", "cpu": "CPU process"}.get(device_type, "device")
+    return parse_devices(devices, num_available, interactive=interactive, kind=kind)
+
+
+def _count_asked(devices: Any) -> int:
+    """The k of ``devices=k`` or ``"k"`` (0 for anything else)."""
+    if isinstance(devices, str) and _is_integer_text(devices.strip()):
+        devices = int(devices.strip())
+    if isinstance(devices, numbers.Integral) and not isinstance(devices, bool):
+        return max(int(devices), 0)
+    return 0
 
 
 def launched_by_distributed_runner() -> bool:
@@ -254,7 +320,10 @@ class Runtime:
         return contextlib.nullcontext()
 
     def describe(self) -> str:
+        """The line fit prints first: where the run happens and in which precision."""
         where = str(self.device)
+        if self.device.type == "cuda":
+            where += f" ({torch.cuda.get_device_name(self.device)})"
         if self.num_processes > 1:
             where = f"{self.num_processes} processes ({self.device.type}, {self.accelerator.distributed_type.value})"
         return f"kerastorch: training on {where} in precision {self.precision}"
@@ -296,23 +365,23 @@ def build_runtime(
     accelerate's own mixed precision is left off on purpose: it wraps ``net.forward``
     with autocast and leaves that wrapper on the net after training. We autocast the
     forward and loss ourselves, in the loop, so the user's net comes back untouched.
+    accelerate has no fp64 and ignores fp16 on the CPU; the ``*-true`` precisions
+    convert the net and the floating inputs instead (see :class:`Runtime`).
     """
     from accelerate import Accelerator
 
     precision = parse_precision(precision, mixed_precision)
     device_type = parse_accelerator(accelerator, cpu=cpu)
     in_job = launched_by_distributed_runner()
+    device = None
     if not in_job:
-        if isinstance(devices, str) and devices.strip() == "auto" and device_type != "cuda":
-            devices = 1  # Lightning's "auto" is one process on the CPU and on MPS
-        chosen = parse_devices(devices, num_devices_available(device_type), interactive=is_interactive())
+        chosen = choose_devices(devices, device_type)
         if len(chosen) > 1:
             from .launch import several_devices_error
 
             raise several_devices_error(chosen, device_type)
-        if device_type == "cuda" and chosen != [0]:
-            # One process on a chosen GPU: accelerate's single-device override.
-            os.environ["ACCELERATE_TORCH_DEVICE"] = f"cuda:{chosen[0]}"
+        # accelerate has no device-id argument; its single-device override names the exact device.
+        device = {"cuda": f"cuda:{chosen[0]}", "cpu": "cpu"}.get(device_type)  # MPS: accelerate's own setup
     if device_type in ("cpu", "mps") and precision == "16-mixed":
         warnings.warn(
             f"precision='16-mixed' is not supported on {device_type.upper()} (see the precision table); "
@@ -322,11 +391,18 @@ def build_runtime(
         )
         precision = "bf16-mixed"
 
-    reset_accelerate_state() if not in_job else None
-    try:
+    if not in_job:
+        reset_accelerate_state()
+    with _environment(ACCELERATE_TORCH_DEVICE=device):
         acc = Accelerator(cpu=device_type == "cpu", mixed_precision="no")
-    finally:
-        os.environ.pop("ACCELERATE_TORCH_DEVICE", None)
+    if acc.device.type == "cuda":
+        # Tensors made on "cuda" without an index (by a loss or a metric) land on the run's device.
+        torch.cuda.set_device(acc.device)
+        if precision.startswith("bf16") and not torch.cuda.is_bf16_supported():
+            if not in_job:
+                reset_accelerate_state()
+            raise ValueError(f"precision={precision!r}: {torch.cuda.get_device_name(acc.device)} has no bfloat16 support. "
+                             "Use precision='16-mixed' on this GPU.")
     scaler = None
     if precision == "16-mixed" and acc.device.type == "cuda":
         scaler = torch.amp.GradScaler("cuda")
@@ -339,6 +415,21 @@ def build_runtime(
         scaler=scaler,
         owns_state=not in_job,
     )
+
+
+@contextlib.contextmanager
+def _environment(**values: Optional[str]):
+    """Set environment variables for the duration of a block (None: leave alone), then restore them."""
+    saved = {name: os.environ.get(name) for name, value in values.items() if value is not None}
+    os.environ.update({name: value for name, value in values.items() if value is not None})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def runtime_for_net(net: torch.nn.Module) -> Runtime:
