@@ -84,7 +84,7 @@ def trained(tmp_path_factory, one_thread):
                           optimizer=torch.optim.Adam(net.parameters(), lr=1e-2))
     checkpoint = pl.callbacks.ModelCheckpoint(monitor="val_acc", mode="max", save_top_k=1)
     early_stopping = pl.callbacks.EarlyStopping(monitor="val_acc", mode="max", patience=2)
-    trainer = quiet_trainer(pl, tmp_path_factory.mktemp("lightning"), max_epochs=6,
+    trainer = quiet_trainer(pl, tmp_path_factory.mktemp("lightning"), max_epochs=5,
                             callbacks=[checkpoint, early_stopping])
     trainer.fit(model, dl_train, dl_val)
     return {"pl": pl, "trainer": trainer, "model": model, "checkpoint": checkpoint,
