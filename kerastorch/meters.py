@@ -45,6 +45,26 @@ def check_metrics(metrics_dict: Optional[dict]) -> dict:
     return metrics_dict
 
 
+def metric_update_fn(metric: Any) -> Callable:
+    """The call that feeds a stateful metric one batch: its ``update``, else the metric itself.
+
+    torchmetrics and most hand-written metrics have ``update``; torchkeras's metric
+    modules update in ``forward``.
+    """
+    return getattr(metric, "update", None) or metric
+
+
+def scalar_metric_value(value: Any, name: str) -> torch.Tensor:
+    """``value`` as a 0-d tensor, or an error naming the metric: a history holds one number per metric."""
+    value = torch.as_tensor(value)
+    if value.numel() != 1:
+        raise ValueError(
+            f"Metric {name!r} computed a tensor of shape {tuple(value.shape)}; the history holds one number per "
+            "metric. Use a metric that returns a scalar (e.g. average='macro' in torchmetrics)."
+        )
+    return value.reshape(())
+
+
 class _StatefulMeter:
     """A metric that keeps its own state: updated with batches, read with ``compute``."""
 
@@ -52,7 +72,7 @@ class _StatefulMeter:
         self.metric = copy.deepcopy(metric)  # train and val each get their own, once per fit
         if isinstance(self.metric, torch.nn.Module):
             self.metric.to(device)
-        self._update = getattr(self.metric, "update", None) or self.metric
+        self._update = metric_update_fn(self.metric)
         self.seen = False
 
     def update(self, preds: Any, labels: Any, n: int) -> None:
@@ -142,7 +162,7 @@ class EpochMeters:
             labels = torch.cat([y for _, y, _ in self._pending])
             n = sum(k for _, _, k in self._pending)
         self._pending.clear()
-        preds = _metric_friendly(preds)
+        preds = metric_friendly(preds)
         for meter in self.meters.values():
             meter.update(preds, labels, n)
 
@@ -175,16 +195,10 @@ class EpochMeters:
 def _stateful_value(meter: _StatefulMeter, name: str) -> torch.Tensor:
     if not meter.seen:
         return torch.tensor(math.nan)
-    value = meter.value()
-    if value.numel() != 1:
-        raise ValueError(
-            f"Metric {name!r} computed a tensor of shape {tuple(value.shape)}; the history holds one number per "
-            "metric. Use a metric that returns a scalar (e.g. average='macro' in torchmetrics)."
-        )
-    return value.reshape(())
+    return scalar_metric_value(meter.value(), name)
 
 
-def _metric_friendly(preds: Any) -> Any:
+def metric_friendly(preds: Any) -> Any:
     # Half-precision outputs (16/bf16 mixed or true) go to metrics as float32, which all accept.
     if isinstance(preds, torch.Tensor) and preds.dtype in (torch.float16, torch.bfloat16):
         return preds.float()
