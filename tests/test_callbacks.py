@@ -3,7 +3,6 @@ TerminateOnNaN, and the rule that built-in callbacks never read per-step values.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from torch import nn

@@ -92,6 +92,15 @@ def test_accumulation_over_a_loader_without_a_length():
     torch.testing.assert_close(flat(accumulated), flat(reference), atol=1e-5, rtol=0)
 
 
+def test_gradients_left_before_fit_do_not_leak_into_the_first_update():
+    x, y = regression_data(64)
+    stale, reference = make_net(), make_net()
+    nn.MSELoss()(stale(x * 10), y).backward()  # the user's own backward, never stepped
+    fit_once(stale, x, y, batch_size=64)
+    fit_once(reference, x, y, batch_size=64)
+    torch.testing.assert_close(flat(stale), flat(reference), atol=1e-6, rtol=0)
+
+
 DDP_SCRIPT = """
 import json, os, sys, torch, torch.nn as nn, torch.distributed as dist
 torch.set_num_threads(1)
