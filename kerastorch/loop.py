@@ -57,6 +57,9 @@ def train_epoch(model, loader, runtime: Runtime, meters: EpochMeters, callbacks:
     accumulate = settings.accumulation_steps
     num_batches = _length(loader)
     waiting = 0  # batches whose gradients wait for the next optimizer step
+    # Gradients left by the user's own backward, or by a run stopped mid-group, must not
+    # leak into this epoch's first update.
+    optimizer.zero_grad(set_to_none=True)
     for batch_index, batch in enumerate(loader):
         if on_begin:
             callbacks.call("on_train_batch_begin", batch_index, {})
@@ -74,7 +77,10 @@ def train_epoch(model, loader, runtime: Runtime, meters: EpochMeters, callbacks:
         meters.update(loss, detach(preds), labels, batch_size_of(labels, preds))
         if on_end:
             callbacks.call("on_train_batch_end", batch_index, StepLogs(meters))
-    if waiting:  # a last, shorter group from a loader whose length was unknown
+        if model.stop_training:  # set by a batch hook: stop after this batch, as Keras does
+            break
+    if waiting:  # a last, shorter group: from a loader of unknown length, or stopped by a callback
+        average_unsynced_gradients(net, runtime)
         optimizer_step(model, runtime, settings, grad_factor=accumulate / waiting)
     if meters.count == 0:
         raise ValueError("train_data produced no batches this epoch. Check that the dataset is not empty and drop_last "
@@ -152,6 +158,16 @@ def optimizer_step(model, runtime: Runtime, settings: StepSettings, grad_factor:
     optimizer.zero_grad(set_to_none=True)
     if model.lr_scheduler is not None and settings.scheduler_interval == "step":
         model.lr_scheduler.step()
+
+
+def average_unsynced_gradients(net, runtime: Runtime) -> None:
+    """Under DDP, a group that ended after the loop ran all its batches under ``no_sync``:
+    average its gradients over the processes, as DDP's own all-reduce would have."""
+    if not isinstance(net, torch.nn.parallel.DistributedDataParallel) or runtime.num_processes == 1:
+        return
+    for param in net.parameters():
+        if param.grad is not None:
+            param.grad.copy_(runtime.reduce_sum(param.grad) / runtime.num_processes)
 
 
 def step_epoch_scheduler(scheduler, logs: dict, monitor: str) -> None:

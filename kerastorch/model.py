@@ -114,8 +114,10 @@ class KerasModel:
             meters = {"train": EpochMeters("train", self.metrics_dict, runtime.device, runtime.reduce_sum),
                       "val": EpochMeters("val", self.metrics_dict, runtime.device, runtime.reduce_sum)}
             builtins = self._builtin_callbacks(patience, monitor, mode, min_delta, ckpt_path, verbose, plot, wandb)
-            callback_list = CallbackList([*builtins[:-1], *(callbacks or []), builtins[-1]], self,
-                                         {"epochs": epochs, "steps": _length(train_data), "verbose": verbose})
+            params = {"epochs": epochs, "steps": _length(train_data), "verbose": verbose, "monitor": monitor,
+                      "mode": mode, "metrics": checks.run_names(self.metrics_dict, val_data is not None),
+                      "ckpt_path": ckpt_path}
+            callback_list = CallbackList([*builtins[:-1], *(callbacks or []), builtins[-1]], self, params)
             settings = StepSettings(gradient_accumulation_steps, gradient_clip_val, gradient_clip_algorithm,
                                     self.lr_scheduler_interval, monitor)
             if verbose:

@@ -1,18 +1,36 @@
-"""Built-in callbacks. ``fit`` adds some of them from its own arguments; pass others in ``callbacks``."""
+"""Built-in callbacks. ``fit`` adds some of them from its own arguments; pass others in ``callbacks``.
 
+``TensorBoard`` and ``WandbLogger`` need optional packages (``kerastorch[tensorboard]``,
+``kerastorch[wandb]``), imported only when one of them is created.
+"""
+
+from .adapters import TorchkerasCallback
 from .base import Callback, CallbackList
 from .best_weights import RestoreBestWeights
+from .csv_logger import CSVLogger
 from .early_stopping import EarlyStopping
+from .lambda_callback import LambdaCallback
+from .lr_scheduler import LearningRateScheduler
+from .model_checkpoint import ModelCheckpoint
 from .monitor import MonitorCallback
 from .progress import ProgressBar
+from .tensorboard import TensorBoard
 from .terminate_on_nan import TerminateOnNaN
+from .wandb_logger import WandbLogger
 
 __all__ = [
+    "CSVLogger",
     "Callback",
     "CallbackList",
     "EarlyStopping",
+    "LambdaCallback",
+    "LearningRateScheduler",
+    "ModelCheckpoint",
     "MonitorCallback",
     "ProgressBar",
     "RestoreBestWeights",
+    "TensorBoard",
     "TerminateOnNaN",
+    "TorchkerasCallback",
+    "WandbLogger",
 ]

@@ -9,9 +9,11 @@ class Callback:
     """Base class for everything optional in ``fit``: subclass it and override any hook.
 
     ``self.model`` is the :class:`~kerastorch.KerasModel` being trained and
-    ``self.params`` holds ``epochs``, ``steps`` (training batches per epoch, or None)
-    and ``verbose``. ``epoch`` is 1-based, like the history's ``epoch`` column. Set
-    ``self.model.stop_training = True`` to stop after the current epoch.
+    ``self.params`` holds ``epochs``, ``steps`` (training batches per epoch, or None),
+    ``verbose``, fit's ``monitor``, ``mode`` and ``ckpt_path``, and ``metrics`` (the
+    history's columns after ``epoch``, known before the first batch). ``epoch`` is
+    1-based, like the history's ``epoch`` column. Set ``self.model.stop_training = True``
+    to stop after the current epoch (from a training batch hook: after that batch).
 
     Per-step ``logs`` are read from the device only if you look at them, so a
     callback that reads ``logs["train_loss"]`` every step pays a host sync every step.
@@ -83,5 +85,6 @@ class CallbackList:
 
 
 def _overrides(cb: Any, hook: str) -> bool:
-    impl = getattr(type(cb), hook, None)
-    return impl is not None and impl is not getattr(Callback, hook)
+    # Looked up on the instance, so hooks set as attributes (LambdaCallback) count too.
+    impl = getattr(cb, hook, None)
+    return impl is not None and getattr(impl, "__func__", impl) is not getattr(Callback, hook)

@@ -29,6 +29,7 @@ class EarlyStopping(MonitorCallback):
         self.stopped_epoch: Optional[int] = None
 
     def on_train_begin(self, logs=None):
+        self.check_monitor_is_logged()
         self.wait = 0
         self.stopped_epoch = None
 

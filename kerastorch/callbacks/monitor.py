@@ -26,6 +26,13 @@ class MonitorCallback(Callback):
         self.best: Optional[float] = None
         self.best_epoch: Optional[int] = None
 
+    def check_monitor_is_logged(self) -> None:
+        """Fail before the first batch when ``monitor`` is not a value this run will log."""
+        names = self.params.get("metrics")
+        if names is not None and self.monitor not in names:
+            raise ValueError(f"{type(self).__name__} monitors {self.monitor!r}, which this run does not log; "
+                             f"available: {', '.join(names)}.")
+
     def current_value(self, logs: dict) -> float:
         if self.monitor not in logs:
             available = ", ".join(k for k in logs if k != "epoch")

@@ -1,0 +1,84 @@
+"""Write the history to a CSV file, one row per epoch, as training goes."""
+
+from __future__ import annotations
+
+import csv
+import os
+from typing import IO, Optional, Union
+
+from .base import Callback
+
+
+class CSVLogger(Callback):
+    """Append one row per epoch to a CSV file with the history's columns
+    (``epoch, train_loss, ..., lr, val_loss, ...``).
+
+    Each row is flushed when its epoch ends, so the file can be read (``pd.read_csv``,
+    another notebook, ``tail -f``) while training runs. ``append=True`` adds to an
+    existing file, for a resumed run; its header must match this run's columns. The
+    file is opened when the first epoch ends, and only the main process writes.
+
+    Example::
+
+        import pandas as pd
+        from kerastorch.callbacks import CSVLogger
+
+        model.fit(dl_train, dl_val, epochs=10, callbacks=[CSVLogger("history.csv")])
+        pd.read_csv("history.csv")   # the same numbers as model.history
+    """
+
+    def __init__(self, filename: Union[str, os.PathLike], separator: str = ",", append: bool = False):
+        if not isinstance(filename, (str, os.PathLike)):
+            raise TypeError(f"filename must be a path like 'history.csv'; got a {type(filename).__name__}.")
+        self.filename = os.fspath(filename)
+        self.separator = separator
+        self.append = append
+        self._file: Optional[IO[str]] = None
+        self._writer: Optional[csv.DictWriter] = None
+        self._columns: Optional[list[str]] = None
+
+    def on_train_begin(self, logs=None):
+        self._columns = None
+        if os.path.isdir(self.filename):
+            raise ValueError(f"CSVLogger filename {self.filename!r} is a folder; give a file path like 'history.csv'.")
+        if self.append:
+            self._columns = self._existing_header()
+            names = self.params.get("metrics")
+            if self._columns is not None and names is not None and self._columns != ["epoch", *names]:
+                raise ValueError(
+                    f"CSVLogger(append=True): {self.filename!r} has the columns {self._columns}, but this run logs "
+                    f"{['epoch', *names]}. Write to another file, or pass append=False to start it afresh.")
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not self.model.is_main_process:
+            return
+        if self._writer is None:
+            self._open(list(logs))
+        self._writer.writerow(logs)
+        self._file.flush()  # readable during the run
+
+    def on_train_end(self, logs=None):
+        if self._file is not None:
+            self._file.close()
+        self._file, self._writer = None, None
+
+    def _open(self, columns: list[str]) -> None:
+        folder = os.path.dirname(os.path.abspath(self.filename))
+        os.makedirs(folder, exist_ok=True)
+        write_header = self._columns is None
+        self._columns = self._columns or columns
+        self._file = open(self.filename, "a" if self.append else "w", newline="", encoding="utf-8")
+        self._writer = csv.DictWriter(self._file, fieldnames=self._columns, delimiter=self.separator,
+                                      restval="", extrasaction="ignore")
+        if write_header:
+            self._writer.writeheader()
+
+    def _existing_header(self) -> Optional[list[str]]:
+        """The header of a non-empty file to append to, or None when there is none."""
+        if not os.path.isfile(self.filename) or os.path.getsize(self.filename) == 0:
+            return None
+        with open(self.filename, newline="", encoding="utf-8") as f:
+            return next(csv.reader(f, delimiter=self.separator), None)
+
+
+__all__ = ["CSVLogger"]
