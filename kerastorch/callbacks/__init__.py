@@ -6,6 +6,7 @@ from .early_stopping import EarlyStopping
 from .monitor import MonitorCallback
 from .progress import ProgressBar
 from .terminate_on_nan import TerminateOnNaN
+from .training_state import TrainingState
 
 __all__ = [
     "Callback",
@@ -15,4 +16,5 @@ __all__ = [
     "ProgressBar",
     "RestoreBestWeights",
     "TerminateOnNaN",
+    "TrainingState",
 ]
