@@ -111,7 +111,7 @@ class KerasModel:
         monitor = monitor or ("val_loss" if val_data is not None else "train_loss")
         checks.check_fit_arguments(self, train_data, val_data, epochs, patience, monitor, mode,
                                    gradient_accumulation_steps, gradient_clip_val, gradient_clip_algorithm,
-                                   ckpt_path, verbose, resume=resume)
+                                   ckpt_path, verbose, resume=resume, callbacks=callbacks)
         runtime = build_runtime(accelerator, devices, precision, mixed_precision, cpu)
         self.runtime = runtime
         try:

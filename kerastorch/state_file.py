@@ -73,16 +73,26 @@ def load_state_file(path: str | os.PathLike) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ValueError(
             f"{path!r} could not be read as a training state, so it was not loaded (only plain tensors and "
-            f"numbers are read, never code stored in the file): {first_line} If the file is damaged or not "
+            f"numbers are read, never code stored in the file): {_reason(error)}. If the file is damaged or not "
             "yours, delete it to start fresh, or pass resume=False."
         ) from None
     if not isinstance(state, dict):
         raise ValueError(f"{path!r} holds a {type(state).__name__}, not a training state. Delete it to start fresh, "
                          "or pass resume=False.")
     return state
+
+
+def _reason(error: Exception) -> str:
+    """The line of torch's long weights_only message that says what was refused."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if "GLOBAL" in line or "Unsupported" in line:
+            return f"it holds something other than plain values ({line.rstrip('.')})"
+    if lines and lines[0].startswith("Weights only load failed"):
+        return "it holds something other than plain tensors and numbers"
+    return lines[0].split(". ")[0].rstrip(".") if lines else f"{type(error).__name__} (is the file empty or cut short?)"
 
 
 __all__ = ["load_state_file", "save_state_file", "to_plain"]
