@@ -25,6 +25,33 @@ import numpy as np
 import torch
 
 
+# Where a loader keeps what decides its data order: the loader itself, its sampler and
+# batch sampler, and the loaders and samplers that wrappers (accelerate's prepared
+# loaders, a loader that calls DistributedSampler.set_epoch) hold inside.
+_INNER = ("sampler", "batch_sampler", "loader", "base_dataloader")
+# Epoch counters that samplers shuffle by: DistributedSampler.epoch, accelerate's
+# SeedableRandomSampler.epoch and DataLoaderShard.iteration.
+_COUNTERS = ("epoch", "iteration")
+
+
+def _order_holders(loader: Any, depth: int = 3) -> dict[str, Any]:
+    """The objects inside ``loader`` that may hold its data order, by attribute path ("", "sampler", ...)."""
+    found: dict[str, Any] = {}
+    seen: set[int] = set()
+
+    def walk(obj: Any, path: str, depth_left: int) -> None:
+        if obj is None or id(obj) in seen or isinstance(obj, (int, float, str, torch.Tensor)):
+            return
+        seen.add(id(obj))
+        found[path] = obj
+        if depth_left:
+            for name in _INNER:
+                walk(getattr(obj, name, None), f"{path}.{name}" if path else name, depth_left - 1)
+
+    walk(loader, "", depth)
+    return found
+
+
 def data_order_generators(loader: Any) -> list[torch.Generator]:
     """The ``torch.Generator`` objects that decide a loader's shuffle, in a fixed order.
 
@@ -32,14 +59,32 @@ def data_order_generators(loader: Any) -> list[torch.Generator]:
     sampler or batch sampler may hold its own. A loader without one shuffles with
     torch's global generator, which :func:`capture_rng_state` saves anyway.
     """
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    holders = [loader, getattr(loader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None)]
     found: list[torch.Generator] = []
-    for holder in holders:
+    for holder in _order_holders(loader).values():
         generator = getattr(holder, "generator", None)
         if isinstance(generator, torch.Generator) and all(generator is not g for g in found):
             found.append(generator)
     return found
+
+
+def data_order_counters(loader: Any) -> dict[str, int]:
+    """The epoch counters inside ``loader`` that its shuffle depends on, as ``{"sampler.epoch": 3}``."""
+    counters = {}
+    for path, holder in _order_holders(loader).items():
+        for name in _COUNTERS:
+            value = getattr(holder, name, None)
+            if type(value) is int:
+                counters[f"{path}.{name}" if path else name] = value
+    return counters
+
+
+def _set_counter(loader: Any, dotted: str, value: int) -> bool:
+    *path, name = dotted.split(".")
+    holder = _order_holders(loader).get(".".join(path))
+    if holder is None or type(getattr(holder, name, None)) is not int:
+        return False
+    setattr(holder, name, value)
+    return True
 
 
 def capture_rng_state(loaders: Iterable[Any] = ()) -> dict:
@@ -54,6 +99,7 @@ def capture_rng_state(loaders: Iterable[Any] = ()) -> dict:
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "mps": torch.mps.get_rng_state() if _mps_available() else None,
         "data_order": [[g.get_state() for g in data_order_generators(loader)] for loader in loaders],
+        "data_counters": [data_order_counters(loader) for loader in loaders],
     }
     return state
 
@@ -74,6 +120,11 @@ def restore_rng_state(state: dict, loaders: Iterable[Any] = ()) -> None:
                           "so dropout on the GPU will not repeat the saved run exactly.", stacklevel=2)
     if state.get("mps") is not None and _mps_available():
         torch.mps.set_rng_state(state["mps"])
+    loaders = list(loaders)
+    for loader, counters in zip(loaders, state.get("data_counters", [])):
+        if not all(_set_counter(loader, dotted, value) for dotted, value in counters.items()):
+            warnings.warn("A DataLoader is built differently from the saved run's (its sampler's epoch counter is "
+                          "missing); its data order may differ from the saved run's.", stacklevel=2)
     for loader, saved in zip(loaders, state.get("data_order", [])):
         generators = data_order_generators(loader)
         if len(generators) != len(saved):
@@ -95,4 +146,4 @@ def _mps_available() -> bool:
     return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
 
 
-__all__ = ["capture_rng_state", "data_order_generators", "restore_rng_state"]
+__all__ = ["capture_rng_state", "data_order_counters", "data_order_generators", "restore_rng_state"]

@@ -37,6 +37,7 @@ from ..checkpoint import cpu_state_dict, unwrap
 from ..rng import capture_rng_state, restore_rng_state
 from ..state_file import load_state_file, save_state_file, to_plain
 from .base import Callback
+from .monitor import MonitorCallback
 from .terminate_on_nan import losses_are_finite
 
 STATE_FORMAT = "kerastorch.training_state"
@@ -79,6 +80,7 @@ class TrainingState(Callback):
         if self.resume and os.path.exists(self.path):
             state = load_state_file(self.path)
             check_state_fits(state, self.model, self.path)
+            check_same_monitors(state, self.callbacks, self.path)
             self.restore(state)
             if self.verbose:
                 self.model.print(f"Resuming after epoch {state['epoch']} from the training state in {self.path!r}.")
@@ -110,6 +112,7 @@ class TrainingState(Callback):
             "lr_scheduler": scheduler.state_dict() if scheduler is not None else None,
             "grad_scaler": scaler.state_dict() if scaler is not None else None,
             "callbacks": {key: cb.state_dict() for key, cb in keyed_callbacks(self.callbacks).items()},
+            "monitors": monitored_values(self.callbacks),
             "rng": capture_rng_state(self.loaders),
         }
 
@@ -188,6 +191,24 @@ def check_state_fits(state: dict, model: Any, path: str) -> None:
     if not isinstance(history, list) or len(history) < 1 or history[-1].get("epoch") != state.get("epoch"):
         raise ValueError(f"The training state in {path!r} is inconsistent (its history does not end at its epoch). "
                          "Delete it to start fresh, or pass resume=False.")
+
+
+def monitored_values(callbacks: Iterable[Any]) -> dict[str, list]:
+    """What each monitoring callback (early stopping, best weights) watches: ``{key: [monitor, mode]}``."""
+    return {key: [cb.monitor, cb.mode] for key, cb in keyed_callbacks(callbacks).items() if isinstance(cb, MonitorCallback)}
+
+
+def check_same_monitors(state: dict, callbacks: Iterable[Any], path: str) -> None:
+    """A best score kept for one value must not be compared with another."""
+    saved = state.get("monitors", {})
+    for key, (monitor, mode) in monitored_values(callbacks).items():
+        if key in saved and list(saved[key]) != [monitor, mode]:
+            was_monitor, was_mode = saved[key]
+            raise ValueError(
+                f"The training state in {path!r} was saved with {key} watching monitor={was_monitor!r}, "
+                f"mode={was_mode!r}; this run asks for monitor={monitor!r}, mode={mode!r}, so its best score would "
+                f"be compared with another value. Resume with monitor={was_monitor!r}, mode={was_mode!r}, or delete "
+                f"{path!r} (or pass resume=False) to start fresh.")
 
 
 def resumed_history(callbacks: Iterable[Any]) -> list[dict]:
