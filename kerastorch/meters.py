@@ -32,6 +32,9 @@ def is_stateful_metric(metric: Any) -> bool:
 
 def check_metrics(metrics_dict: Optional[dict]) -> dict:
     """Refuse a metric that cannot be called, naming its key."""
+    if metrics_dict is not None and not isinstance(metrics_dict, Mapping):
+        raise TypeError(f"metrics_dict is a {type(metrics_dict).__name__}, but it must be a dict of name -> metric, "
+                        "e.g. {'acc': torchmetrics.Accuracy(task='multiclass', num_classes=10)}.")
     metrics_dict = dict(metrics_dict or {})
     for name, metric in metrics_dict.items():
         if not isinstance(name, str) or not name:

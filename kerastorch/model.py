@@ -19,6 +19,7 @@ from torch import nn
 from . import checks
 from .batches import split_batch, split_inputs
 from .callbacks import CallbackList, EarlyStopping, ProgressBar, RestoreBestWeights, TerminateOnNaN
+from .callbacks.training_state import TrainingState, resumed_history, training_state_path
 from .checkpoint import load_weights, save_weights, unwrap
 from .loop import StepSettings, evaluate_epoch, fit_loop, predict_outputs
 from .meters import EpochMeters, check_metrics
@@ -83,7 +84,8 @@ class KerasModel:
 
     def fit(self, train_data: Iterable, val_data: Optional[Iterable] = None, epochs: int = 10,
             patience: Optional[int] = 5, monitor: Optional[str] = None, mode: str = "min", min_delta: float = 0.0,
-            ckpt_path: Optional[Union[str, os.PathLike]] = None, callbacks: Optional[Sequence] = None,
+            ckpt_path: Optional[Union[str, os.PathLike]] = None, resume: bool = False,
+            callbacks: Optional[Sequence] = None,
             verbose: int = 1, plot: bool = False, quiet: Optional[bool] = None, wandb: bool = False,
             accelerator: str = "auto", devices: Any = "auto", precision: Any = "32-true",
             mixed_precision: Optional[str] = None, cpu: bool = False, gradient_accumulation_steps: int = 1,
@@ -97,6 +99,11 @@ class KerasModel:
         stop training (``patience=None`` never stops early). Ctrl-C stops cleanly and
         returns the history so far.
 
+        ``resume=True`` (with ``ckpt_path``) writes the whole training state to
+        ``ckpt_path + ".state"`` after every epoch and, when that file exists, continues
+        from it: a run killed at any moment and started again ends as if never stopped
+        (see :class:`~kerastorch.callbacks.TrainingState`).
+
         ``accelerator``, ``devices`` and ``precision`` take Lightning's words;
         torchkeras's ``mixed_precision``, ``cpu``, ``quiet`` and ``ckpt_path`` work too.
         """
@@ -105,7 +112,7 @@ class KerasModel:
         monitor = monitor or ("val_loss" if val_data is not None else "train_loss")
         checks.check_fit_arguments(self, train_data, val_data, epochs, patience, monitor, mode,
                                    gradient_accumulation_steps, gradient_clip_val, gradient_clip_algorithm,
-                                   ckpt_path, verbose)
+                                   ckpt_path, verbose, resume=resume, callbacks=callbacks)
         runtime = build_runtime(accelerator, devices, precision, mixed_precision, cpu)
         self.runtime = runtime
         try:
@@ -117,7 +124,11 @@ class KerasModel:
             params = {"epochs": epochs, "steps": _length(train_data), "verbose": verbose, "monitor": monitor,
                       "mode": mode, "metrics": checks.run_names(self.metrics_dict, val_data is not None),
                       "ckpt_path": ckpt_path}
-            callback_list = CallbackList([*builtins[:-1], *(callbacks or []), builtins[-1]], self, params)
+            chain = [*builtins[:-1], *(callbacks or [])]
+            if resume:  # after every callback whose state it keeps
+                chain.append(TrainingState(training_state_path(ckpt_path), chain, (train_data, val_data),
+                                           verbose=int(verbose > 0)))
+            callback_list = CallbackList([*chain, builtins[-1]], self, params)
             settings = StepSettings(gradient_accumulation_steps, gradient_clip_val, gradient_clip_algorithm,
                                     self.lr_scheduler_interval, monitor)
             if verbose:
@@ -130,8 +141,11 @@ class KerasModel:
         rows: list[dict] = []
         self.stop_training = False
         callbacks.call("on_train_begin", {})
+        rows.extend(resumed_history(callbacks))
         try:
-            fit_loop(self, train_data, val_data, runtime, callbacks, meters, settings, epochs, rows)
+            if not self.stop_training:  # a resumed run that had already stopped early stays stopped
+                fit_loop(self, train_data, val_data, runtime, callbacks, meters, settings, epochs, rows,
+                         first_epoch=rows[-1]["epoch"] + 1 if rows else 1)
         except KeyboardInterrupt:
             self.print(f"Interrupted during epoch {len(rows) + 1}: returning the history of the {len(rows)} "
                        "finished epoch(s) with the best weights restored.")

@@ -16,6 +16,7 @@ from .monitor import MonitorCallback
 from .progress import ProgressBar
 from .tensorboard import TensorBoard
 from .terminate_on_nan import TerminateOnNaN
+from .training_state import TrainingState
 from .wandb_logger import WandbLogger
 
 __all__ = [
@@ -32,5 +33,6 @@ __all__ = [
     "TensorBoard",
     "TerminateOnNaN",
     "TorchkerasCallback",
+    "TrainingState",
     "WandbLogger",
 ]

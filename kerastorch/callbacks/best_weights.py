@@ -7,6 +7,7 @@ from typing import Optional
 
 from ..checkpoint import cpu_state_dict, save_weights, unwrap
 from .monitor import MonitorCallback
+from .terminate_on_nan import losses_are_finite
 
 
 class RestoreBestWeights(MonitorCallback):
@@ -26,7 +27,8 @@ class RestoreBestWeights(MonitorCallback):
         self.best_weights: Optional[dict] = None
 
     def on_epoch_end(self, epoch, logs=None):
-        if not self.update_best(epoch, logs):
+        # An epoch with a NaN or infinite loss is never the best, whatever the monitored metric says.
+        if not losses_are_finite(logs) or not self.update_best(epoch, logs):
             return
         self.best_weights = cpu_state_dict(self.model.net)
         if self.ckpt_path and self.model.is_main_process:

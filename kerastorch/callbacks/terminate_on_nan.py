@@ -7,6 +7,11 @@ import math
 from .base import Callback
 
 
+def losses_are_finite(logs: dict) -> bool:
+    """False when the epoch's ``train_loss`` or ``val_loss`` is NaN or infinite."""
+    return all(math.isfinite(logs[k]) for k in ("train_loss", "val_loss") if k in logs)
+
+
 class TerminateOnNaN(Callback):
     """Stop training at the end of an epoch whose loss is NaN or infinite.
 
