@@ -20,8 +20,11 @@ from . import checks
 from .batches import split_batch, split_inputs
 from .callbacks import CallbackList, EarlyStopping, ProgressBar, RestoreBestWeights, TerminateOnNaN
 from .checkpoint import load_weights, save_weights, unwrap
+from .distributed import process_share
+from .launch import NeedsProcesses, fit_in_processes
 from .loop import StepSettings, evaluate_epoch, fit_loop, predict_outputs
 from .meters import EpochMeters, check_metrics
+from .model_parallel import is_model_parallel, labels_to_outputs, model_parallel_runtime
 from .placement import place_model
 from .runtime import Runtime, build_runtime, runtime_for_net
 
@@ -72,6 +75,7 @@ class KerasModel:
         """
         args, kwargs, labels = split_batch(batch)
         preds = self.net(*args, **kwargs)
+        labels = labels_to_outputs(labels, preds)  # a model-parallel net's output may be on another device
         return self.loss_fn(preds, labels), preds, labels
 
     def predict_batch(self, batch: Any) -> Any:
@@ -100,27 +104,41 @@ class KerasModel:
         ``accelerator``, ``devices`` and ``precision`` take Lightning's words;
         torchkeras's ``mixed_precision``, ``cpu``, ``quiet`` and ``ckpt_path`` work too.
         """
+        fit_arguments = dict(locals())  # this very call, replayed by each process fit_in_processes starts
+        del fit_arguments["self"]
         if quiet is not None:
             verbose = 0 if quiet else verbose
         monitor = monitor or ("val_loss" if val_data is not None else "train_loss")
         checks.check_fit_arguments(self, train_data, val_data, epochs, patience, monitor, mode,
                                    gradient_accumulation_steps, gradient_clip_val, gradient_clip_algorithm,
                                    ckpt_path, verbose)
-        runtime = build_runtime(accelerator, devices, precision, mixed_precision, cpu)
+        try:
+            runtime = build_runtime(accelerator, devices, precision, mixed_precision, cpu)
+        except NeedsProcesses as request:  # devices=k from a notebook or plain python
+            needs_processes = request
+        else:
+            needs_processes = None
+        if needs_processes is not None:  # outside the except block, so the workers' errors do not chain to it
+            return fit_in_processes(self, needs_processes, fit_arguments)
+        if is_model_parallel(self.net):
+            runtime = model_parallel_runtime(self, runtime, train_data)
         self.runtime = runtime
         try:
             self._place_net(runtime)
             checks.check_first_batch(self, train_data, runtime, "train_data")
-            meters = {"train": EpochMeters("train", self.metrics_dict, runtime.device, runtime.reduce_sum),
-                      "val": EpochMeters("val", self.metrics_dict, runtime.device, runtime.reduce_sum)}
-            builtins = self._builtin_callbacks(patience, monitor, mode, min_delta, ckpt_path, verbose, plot, wandb)
-            callback_list = CallbackList([*builtins[:-1], *(callbacks or []), builtins[-1]], self,
-                                         {"epochs": epochs, "steps": _length(train_data), "verbose": verbose})
-            settings = StepSettings(gradient_accumulation_steps, gradient_clip_val, gradient_clip_algorithm,
-                                    self.lr_scheduler_interval, monitor)
-            if verbose:
-                self.print(runtime.describe())
-            return self._run(train_data, val_data, runtime, callback_list, meters, settings, epochs)
+            with process_share(self, runtime, train_data, val_data) as (train_data, val_data):
+                if not runtime.is_main_process:  # one process prints and draws
+                    verbose, plot, wandb = 0, False, False
+                meters = {"train": EpochMeters("train", self.metrics_dict, runtime.outputs_device, runtime.reduce_sum),
+                          "val": EpochMeters("val", self.metrics_dict, runtime.outputs_device, runtime.reduce_sum)}
+                builtins = self._builtin_callbacks(patience, monitor, mode, min_delta, ckpt_path, verbose, plot, wandb)
+                callback_list = CallbackList([*builtins[:-1], *(callbacks or []), builtins[-1]], self,
+                                             {"epochs": epochs, "steps": _length(train_data), "verbose": verbose})
+                settings = StepSettings(gradient_accumulation_steps, gradient_clip_val, gradient_clip_algorithm,
+                                        self.lr_scheduler_interval, monitor)
+                if verbose:
+                    self.print(runtime.describe())
+                return self._run(train_data, val_data, runtime, callback_list, meters, settings, epochs)
         finally:
             runtime.teardown()
 
@@ -156,7 +174,10 @@ class KerasModel:
         return builtins
 
     def _place_net(self, runtime: Runtime) -> None:
-        place_model(self.net, self.loss_fn, self.optimizer, runtime)
+        spread = is_model_parallel(self.net)  # the user placed its pieces: only their dtype may change
+        place_model(self.net, self.loss_fn, self.optimizer, runtime, move_net=not spread)
+        if spread and isinstance(self.loss_fn, nn.Module):
+            self.loss_fn.to(runtime.outputs_device)  # the loss meets the outputs where they come out
 
     # -- using a trained model ---------------------------------------------------------
 
@@ -165,7 +186,9 @@ class KerasModel:
         checks.check_loader(data, "data")
         checks.check_loss_fn(self)
         runtime = runtime_for_net(self.net)
-        meters = EpochMeters("val", self.metrics_dict, runtime.device)
+        if is_model_parallel(self.net):
+            runtime = model_parallel_runtime(self, runtime, data)
+        meters = EpochMeters("val", self.metrics_dict, runtime.outputs_device)
         callbacks = CallbackList([ProgressBar(verbose=0 if quiet else 1)], self, {"epochs": 1, "steps": _length(data)})
         logs = evaluate_epoch(self, data, runtime, meters, callbacks)
         if not quiet:
