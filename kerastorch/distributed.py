@@ -34,13 +34,9 @@ def process_share(model, runtime, train_data, val_data) -> Iterator[tuple[Any, A
     if runtime.num_processes == 1:
         yield train_data, val_data
         return
-    from .model_parallel import is_model_parallel
+    from .model_parallel import check_one_process
 
-    if is_model_parallel(model.net):
-        raise ValueError(
-            "The net's parameters are on several devices (model parallel), which runs in one process; "
-            "pass devices=1, or put the whole net on one device to train it in several processes."
-        )
+    check_one_process(model.net, runtime.num_processes)
     accelerator = runtime.accelerator
     train_loader = shard_for_training(accelerator, train_data)
     val_loader = None if val_data is None else shard_exactly(accelerator, val_data)
@@ -117,9 +113,15 @@ def is_torchmetrics(metric: Any) -> bool:
     return isinstance(metric, Metric)
 
 
+def several_processes() -> bool:
+    """True inside a process group of more than one process."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def prepare_metric_for_processes(metric: Any) -> None:
     """A torchmetrics Metric must not hand back a cached local value when asked for the synced one."""
-    if is_torchmetrics(metric):
+    if is_torchmetrics(metric) and several_processes():
         metric.compute_with_cache = False
 
 
@@ -131,7 +133,7 @@ def compute_metric(metric: Any, reduce_fn: Optional[Callable] = None, device: Op
     e.g. ``correct``/``total`` tensors) has its tensor states summed over processes and
     its list-of-tensors states concatenated, for the ``compute``, then put back.
     """
-    if reduce_fn is None:
+    if reduce_fn is None or not several_processes():
         with _torchmetrics_sync_off(metric):
             return metric.compute()
     if is_torchmetrics(metric):
@@ -144,7 +146,7 @@ def compute_metric(metric: Any, reduce_fn: Optional[Callable] = None, device: Op
 def _torchmetrics_sync_off(metric: Any):
     """torchmetrics syncs inside ``compute`` whenever a process group exists; a local read must not
     (the progress bar reads on the main process alone and would wait forever)."""
-    if not (is_torchmetrics(metric) and torch.distributed.is_available() and torch.distributed.is_initialized()):
+    if not (is_torchmetrics(metric) and several_processes()):
         yield
         return
     previous = metric.distributed_available_fn

@@ -20,6 +20,7 @@ import logging
 import multiprocessing
 import os
 import pickle
+import signal
 import socket
 import sys
 import tempfile
@@ -126,9 +127,11 @@ def fit_in_processes(model, request: NeedsProcesses, fit_arguments: dict) -> Any
     """
     from accelerate import notebook_launcher
 
+    from .model_parallel import check_one_process
     from .runtime import reset_accelerate_state
 
     num_processes = len(request.devices)
+    check_one_process(model.net, num_processes)
     check_can_fork(num_processes, request.device_type)
     reset_accelerate_state()  # the launcher refuses to fork an initialised accelerate state
     with tempfile.TemporaryDirectory(prefix="kerastorch-processes-") as folder:
@@ -241,6 +244,12 @@ def record_failure(folder: str, rank: int, error: BaseException) -> None:
 
 def worker_failure(folder: str, launch_error: Exception, num_processes: int) -> BaseException:
     """The caller's exception for a failed launch: the first worker's own error, with its traceback as cause."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    if isinstance(launch_error, SignalException):  # Ctrl-C (or a kill) reached this process: workers were stopped
+        stopped = (f"Training in {num_processes} processes was stopped by {launch_error.sigval.name}; the processes "
+                   "have ended and the model keeps the weights it had before this fit.")
+        return KeyboardInterrupt(stopped) if launch_error.sigval == signal.SIGINT else RuntimeError(stopped)
     records = []
     for name in os.listdir(folder):
         if name.startswith("failure-rank"):

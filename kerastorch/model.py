@@ -103,6 +103,9 @@ class KerasModel:
 
         ``accelerator``, ``devices`` and ``precision`` take Lightning's words;
         torchkeras's ``mixed_precision``, ``cpu``, ``quiet`` and ``ckpt_path`` work too.
+        ``devices=k`` (k > 1) from a notebook or plain python starts k processes and loads
+        the result back into this model (:mod:`kerastorch.launch`); in a script started by
+        ``torchrun`` or ``accelerate launch``, fit runs as one rank of that job.
         """
         fit_arguments = dict(locals())  # this very call, replayed by each process fit_in_processes starts
         del fit_arguments["self"]
@@ -112,6 +115,8 @@ class KerasModel:
         checks.check_fit_arguments(self, train_data, val_data, epochs, patience, monitor, mode,
                                    gradient_accumulation_steps, gradient_clip_val, gradient_clip_algorithm,
                                    ckpt_path, verbose)
+        if devices == "auto" and is_model_parallel(self.net):
+            devices = 1  # the user placed the net's pieces; it trains in this one process
         try:
             runtime = build_runtime(accelerator, devices, precision, mixed_precision, cpu)
         except NeedsProcesses as request:  # devices=k from a notebook or plain python

@@ -35,6 +35,17 @@ def is_model_parallel(net: nn.Module) -> bool:
     return len(parameter_devices(net)) > 1
 
 
+def check_one_process(net: nn.Module, num_processes: int) -> None:
+    """A model-parallel net trains in one process; say so before any process starts."""
+    if num_processes > 1 and is_model_parallel(net):
+        devices = ", ".join(str(d) for d in parameter_devices(net))
+        raise ValueError(
+            f"The net's parameters are on several devices ({devices}): it is model parallel, which trains in one "
+            f"process, but {num_processes} processes were asked for. Pass devices=1 (fit leaves each piece where it "
+            "is), or put the whole net on one device to train copies of it in several processes."
+        )
+
+
 def input_device(net: nn.Module) -> torch.device:
     """Where inputs go: the device of the net's first parameters (its first submodule)."""
     devices = parameter_devices(net)
@@ -51,7 +62,8 @@ def output_device(model, data: Any) -> torch.device:
         try:
             batch = next(iterator)
         except StopIteration:
-            raise ValueError("The data produced no batches. Check the dataset's size, batch_size and drop_last.") from None
+            raise ValueError("The data produced no batches. Check the dataset's size, batch_size and "
+                             "drop_last.") from None
         finally:
             del iterator
     was_training = model.net.training

@@ -25,7 +25,8 @@ import kerastorch as kt
 from kerastorch.checkpoint import load_weights
 from kerastorch.examples import digits_datasets
 from kerastorch.launch import CUDA_BEFORE_FORK, WorkerTraceback, check_can_fork, record_failure, worker_failure
-from kerastorch.model_parallel import input_device, is_model_parallel, labels_to_outputs, output_device, parameter_devices
+from kerastorch.model_parallel import (input_device, is_model_parallel, labels_to_outputs, output_device,
+                                       parameter_devices)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_SCRIPT = os.path.join(REPO_ROOT, "tests", "distributed_train_script.py")
@@ -184,6 +185,39 @@ def test_cuda_initialised_before_a_multi_gpu_fit_is_a_clear_error(monkeypatch, t
     assert "initialization error" in str(raised.__cause__)
 
 
+NOTEBOOK_CELLS = [
+    # The kernel imports this checkout's kerastorch; the workers fit forks inherit that.
+    f"import sys; sys.path.insert(0, {REPO_ROOT!r})",
+    """import torch, torchmetrics
+from torch import nn
+import kerastorch as kt
+from kerastorch.examples import digits_loaders
+dl_train, dl_val = digits_loaders(batch_size=64, size=8)
+torch.manual_seed(0)
+net = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))  # defined in a cell: never pickled
+initial = [p.clone() for p in net.parameters()]
+model = kt.KerasModel(net, nn.CrossEntropyLoss(), {"acc": torchmetrics.Accuracy(task="multiclass", num_classes=10)},
+                      torch.optim.Adam(net.parameters(), lr=1e-2))""",
+    """history = model.fit(dl_train, dl_val, epochs=3, accelerator="cpu", devices=2)""",
+    """assert list(history.epoch) == [1, 2, 3], history
+assert not any(torch.equal(a, b) for a, b in zip(initial, net.parameters()))
+assert abs(model.evaluate(dl_val, quiet=True)["val_loss"] - history.val_loss.min()) < 1e-6
+print("trained in the notebook's model")""",
+]
+
+
+def test_fit_on_two_processes_from_a_jupyter_notebook():
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in NOTEBOOK_CELLS])
+    nbclient.NotebookClient(notebook, timeout=120, kernel_name="python3").execute()  # a failing cell raises
+    outputs = [out for cell in notebook.cells for out in cell.outputs]
+    texts = "".join(out.get("text", "") for out in outputs)
+    assert "training on 2 processes (cpu" in texts and "trained in the notebook's model" in texts
+    assert "Launching training on" not in texts  # accelerate's line, which would say CUDA on a CPU
+    assert any(out.output_type == "display_data" for out in outputs)  # the progress bars are widgets
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -260,6 +294,13 @@ def test_model_parallel_nets_are_recognised_from_their_parameters():
     labels = torch.tensor([1, 2])
     assert labels_to_outputs(labels, torch.zeros(2, 10, device="meta")).device == torch.device("meta")
     assert labels_to_outputs(labels, torch.zeros(2, 10)) is labels
+
+
+def test_a_model_parallel_net_is_not_copied_into_several_processes(digits):
+    dl_train, _ = digits
+    model = kt.KerasModel(EncoderDecoder("cpu", "meta"), nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match="model parallel, which trains in one process.*devices=1"):
+        model.fit(dl_train, epochs=1, accelerator="cpu", devices=2, verbose=0)
 
 
 def test_output_device_is_found_by_one_batch_and_leaves_the_data_order_alone(digits):
