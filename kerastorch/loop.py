@@ -43,7 +43,9 @@ def fit_loop(model, train_loader, val_loader, runtime: Runtime, callbacks: Callb
         history.append(logs)
         if model.lr_scheduler is not None and settings.scheduler_interval == "epoch":
             step_epoch_scheduler(model.lr_scheduler, logs, settings.monitor)
+        runtime.wait_for_everyone()  # with several processes, files are written after a barrier
         callbacks.call("on_epoch_end", epoch, logs)
+        model.stop_training = runtime.any_process(model.stop_training)  # all processes stop together
         if model.stop_training:
             break
 
@@ -105,7 +107,7 @@ def evaluate_epoch(model, loader, runtime: Runtime, meters: EpochMeters, callbac
         meters.update(loss, preds, labels, batch_size_of(labels, preds))
         if on_end:
             callbacks.call("on_test_batch_end", batch_index, StepLogs(meters))
-    if meters.count == 0:
+    if meters.count == 0 and runtime.num_processes == 1:  # a process may get no share of a short loader
         raise ValueError("The validation data produced no batches. Pass a non-empty DataLoader or val_data=None.")
     logs = meters.read()
     callbacks.call("on_test_end", logs)

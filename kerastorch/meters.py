@@ -20,6 +20,8 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
+from .distributed import compute_metric, prepare_metric_for_processes
+
 # How many steps of outputs are held before the metrics see them. Bounded so a big
 # model's outputs do not pile up; any read flushes earlier.
 FLUSH_EVERY = 16
@@ -71,19 +73,24 @@ def scalar_metric_value(value: Any, name: str) -> torch.Tensor:
 class _StatefulMeter:
     """A metric that keeps its own state: updated with batches, read with ``compute``."""
 
-    def __init__(self, metric: Any, device: torch.device):
+    def __init__(self, metric: Any, device: torch.device, reduce_fn: Optional[Callable] = None):
         self.metric = copy.deepcopy(metric)  # train and val each get their own, once per fit
         if isinstance(self.metric, torch.nn.Module):
             self.metric.to(device)
         self._update = metric_update_fn(self.metric)
         self.seen = False
+        self.device = device
+        self.reduce_fn = reduce_fn  # set in a k-process run: a synced read combines every process's states
+        if reduce_fn is not None:
+            prepare_metric_for_processes(self.metric)
 
     def update(self, preds: Any, labels: Any, n: int) -> None:
         self._update(preds, labels)
         self.seen = True
 
-    def value(self) -> torch.Tensor:
-        return torch.as_tensor(self.metric.compute())
+    def value(self, synced: bool = False) -> torch.Tensor:
+        reduce_fn = self.reduce_fn if synced else None
+        return torch.as_tensor(compute_metric(self.metric, reduce_fn, self.device))
 
     def reset(self) -> None:
         self.metric.reset()
@@ -123,7 +130,7 @@ class EpochMeters:
         # float64 sums where the device has them, so long epochs add up exactly.
         self.sum_dtype = torch.float32 if device.type == "mps" else torch.float64
         self.meters = {
-            name: _StatefulMeter(m, device) if is_stateful_metric(m) else _FunctionMeter(m, device, self.sum_dtype)
+            name: _StatefulMeter(m, device, reduce_fn) if is_stateful_metric(m) else _FunctionMeter(m, device, self.sum_dtype)
             for name, m in metrics_dict.items()
         }
         self.reduce_fn = reduce_fn  # sums a tensor over processes; None in a single process
@@ -189,16 +196,17 @@ class EpochMeters:
             function_values = {k: m.value() for k, m in function_meters.items()}
         values = [loss_sum / count.clamp_min(1)]
         for name, meter in self.meters.items():
-            value = function_values[name] if name in function_values else _stateful_value(meter, name)
+            value = function_values[name] if name in function_values else _stateful_value(meter, name, synced)
             values.append(value.detach().to(self.device, torch.float64 if self.sum_dtype == torch.float64 else torch.float32))
         floats = torch.stack(values).tolist()
         return dict(zip(self.names, floats))
 
 
-def _stateful_value(meter: _StatefulMeter, name: str) -> torch.Tensor:
-    if not meter.seen:
+def _stateful_value(meter: _StatefulMeter, name: str, synced: bool = False) -> torch.Tensor:
+    synced = synced and meter.reduce_fn is not None
+    if not meter.seen and not synced:  # a synced read is a collective: every process takes part
         return torch.tensor(math.nan)
-    return scalar_metric_value(meter.value(), name)
+    return scalar_metric_value(meter.value(synced), name)
 
 
 def metric_friendly(preds: Any) -> Any:

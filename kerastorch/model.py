@@ -21,8 +21,11 @@ from .batches import split_batch, split_inputs
 from .callbacks import CallbackList, EarlyStopping, ProgressBar, RestoreBestWeights, TerminateOnNaN
 from .callbacks.training_state import TrainingState, resumed_history, training_state_path
 from .checkpoint import load_weights, save_weights, unwrap
+from .distributed import process_share
+from .launch import NeedsProcesses, fit_in_processes
 from .loop import StepSettings, evaluate_epoch, fit_loop, predict_outputs
 from .meters import EpochMeters, check_metrics
+from .model_parallel import is_model_parallel, labels_to_outputs, model_parallel_runtime
 from .placement import place_model
 from .runtime import Runtime, build_runtime, runtime_for_net
 
@@ -73,6 +76,7 @@ class KerasModel:
         """
         args, kwargs, labels = split_batch(batch)
         preds = self.net(*args, **kwargs)
+        labels = labels_to_outputs(labels, preds)  # a model-parallel net's output may be on another device
         return self.loss_fn(preds, labels), preds, labels
 
     def predict_batch(self, batch: Any) -> Any:
@@ -106,34 +110,47 @@ class KerasModel:
 
         ``accelerator``, ``devices`` and ``precision`` take Lightning's words;
         torchkeras's ``mixed_precision``, ``cpu``, ``quiet`` and ``ckpt_path`` work too.
+        ``devices=k`` (k > 1) from a notebook or plain python starts k processes and loads
+        the result back into this model (:mod:`kerastorch.launch`); in a script started by
+        ``torchrun`` or ``accelerate launch``, fit runs as one rank of that job.
         """
+        fit_arguments = dict(locals())  # this very call, replayed by each process fit_in_processes starts
+        del fit_arguments["self"]
         if quiet is not None:
             verbose = 0 if quiet else verbose
         monitor = monitor or ("val_loss" if val_data is not None else "train_loss")
         checks.check_fit_arguments(self, train_data, val_data, epochs, patience, monitor, mode,
                                    gradient_accumulation_steps, gradient_clip_val, gradient_clip_algorithm,
                                    ckpt_path, verbose, resume=resume, callbacks=callbacks)
-        runtime = build_runtime(accelerator, devices, precision, mixed_precision, cpu)
+        if devices == "auto" and is_model_parallel(self.net):
+            devices = 1  # the user placed the net's pieces; it trains in this one process
+        try:
+            runtime = build_runtime(accelerator, devices, precision, mixed_precision, cpu)
+        except NeedsProcesses as request:  # devices=k from a notebook or plain python
+            needs_processes = request
+        else:
+            needs_processes = None
+        if needs_processes is not None:  # outside the except block, so the workers' errors do not chain to it
+            return fit_in_processes(self, needs_processes, fit_arguments)
+        if is_model_parallel(self.net):
+            runtime = model_parallel_runtime(self, runtime, train_data)
         self.runtime = runtime
         try:
             self._place_net(runtime)
             checks.check_first_batch(self, train_data, runtime, "train_data")
-            meters = {"train": EpochMeters("train", self.metrics_dict, runtime.device, runtime.reduce_sum),
-                      "val": EpochMeters("val", self.metrics_dict, runtime.device, runtime.reduce_sum)}
-            builtins = self._builtin_callbacks(patience, monitor, mode, min_delta, ckpt_path, verbose, plot, wandb)
-            params = {"epochs": epochs, "steps": _length(train_data), "verbose": verbose, "monitor": monitor,
-                      "mode": mode, "metrics": checks.run_names(self.metrics_dict, val_data is not None),
-                      "ckpt_path": ckpt_path}
-            chain = [*builtins[:-1], *(callbacks or [])]
-            if resume:  # after every callback whose state it keeps
-                chain.append(TrainingState(training_state_path(ckpt_path), chain, (train_data, val_data),
-                                           verbose=int(verbose > 0)))
-            callback_list = CallbackList([*chain, builtins[-1]], self, params)
-            settings = StepSettings(gradient_accumulation_steps, gradient_clip_val, gradient_clip_algorithm,
-                                    self.lr_scheduler_interval, monitor)
-            if verbose:
-                self.print(runtime.describe())
-            return self._run(train_data, val_data, runtime, callback_list, meters, settings, epochs)
+            with process_share(self, runtime, train_data, val_data) as (train_data, val_data):
+                if not runtime.is_main_process:  # one process prints and draws
+                    verbose, plot, wandb = 0, False, False
+                meters = {"train": EpochMeters("train", self.metrics_dict, runtime.outputs_device, runtime.reduce_sum),
+                          "val": EpochMeters("val", self.metrics_dict, runtime.outputs_device, runtime.reduce_sum)}
+                callback_list = self._callbacks_for_run(
+                    callbacks, train_data, val_data, epochs, patience, monitor, mode, min_delta, ckpt_path, resume,
+                    verbose, plot, wandb)
+                settings = StepSettings(gradient_accumulation_steps, gradient_clip_val, gradient_clip_algorithm,
+                                        self.lr_scheduler_interval, monitor)
+                if verbose:
+                    self.print(runtime.describe())
+                return self._run(train_data, val_data, runtime, callback_list, meters, settings, epochs)
         finally:
             runtime.teardown()
 
@@ -154,6 +171,19 @@ class KerasModel:
             callbacks.call("on_train_end", rows[-1] if rows else {})
         return self.history
 
+    def _callbacks_for_run(self, callbacks, train_data, val_data, epochs, patience, monitor, mode, min_delta,
+                           ckpt_path, resume, verbose, plot, wandb) -> CallbackList:
+        """fit's own callbacks, the user's, the training state (it keeps theirs) and the progress bar, in that order."""
+        builtins = self._builtin_callbacks(patience, monitor, mode, min_delta, ckpt_path, verbose, plot, wandb)
+        chain = [*builtins[:-1], *(callbacks or [])]
+        if resume:
+            chain.append(TrainingState(training_state_path(ckpt_path), chain, (train_data, val_data),
+                                       verbose=int(verbose > 0)))
+        params = {"epochs": epochs, "steps": _length(train_data), "verbose": verbose, "monitor": monitor,
+                  "mode": mode, "metrics": checks.run_names(self.metrics_dict, val_data is not None),
+                  "ckpt_path": ckpt_path}
+        return CallbackList([*chain, builtins[-1]], self, params)
+
     def _builtin_callbacks(self, patience, monitor, mode, min_delta, ckpt_path, verbose, plot, wandb) -> list:
         """What fit's own arguments switch on. The last one is drawn last (the progress bar)."""
         builtins: list = [TerminateOnNaN(verbose=int(verbose > 0)),
@@ -172,7 +202,10 @@ class KerasModel:
         return builtins
 
     def _place_net(self, runtime: Runtime) -> None:
-        place_model(self.net, self.loss_fn, self.optimizer, runtime)
+        spread = is_model_parallel(self.net)  # the user placed its pieces: only their dtype may change
+        place_model(self.net, self.loss_fn, self.optimizer, runtime, move_net=not spread)
+        if spread and isinstance(self.loss_fn, nn.Module):
+            self.loss_fn.to(runtime.outputs_device)  # the loss meets the outputs where they come out
 
     # -- using a trained model ---------------------------------------------------------
 
@@ -181,7 +214,9 @@ class KerasModel:
         checks.check_loader(data, "data")
         checks.check_loss_fn(self)
         runtime = runtime_for_net(self.net)
-        meters = EpochMeters("val", self.metrics_dict, runtime.device)
+        if is_model_parallel(self.net):
+            runtime = model_parallel_runtime(self, runtime, data)
+        meters = EpochMeters("val", self.metrics_dict, runtime.outputs_device)
         callbacks = CallbackList([ProgressBar(verbose=0 if quiet else 1)], self, {"epochs": 1, "steps": _length(data)})
         logs = evaluate_epoch(self, data, runtime, meters, callbacks)
         if not quiet:

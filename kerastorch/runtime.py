@@ -278,6 +278,7 @@ class Runtime:
     param_dtype: Optional[torch.dtype]
     scaler: Optional[Any]  # torch.amp.GradScaler, for 16-mixed on CUDA only
     owns_state: bool  # True when fit built the accelerate state and must reset it
+    output_device: Optional[torch.device] = None  # set for a net spread over devices (model parallel)
 
     @property
     def num_processes(self) -> int:
@@ -292,6 +293,25 @@ class Runtime:
         if self.num_processes == 1:
             return tensor
         return self.accelerator.reduce(tensor, reduction="sum")
+
+    @property
+    def outputs_device(self) -> torch.device:
+        """Where the net's outputs, the labels, the loss and the metrics live.
+
+        The run's device, except for a model-parallel net, whose last piece may sit elsewhere.
+        """
+        return self.output_device or self.device
+
+    def any_process(self, flag: bool) -> bool:
+        """True on every process when ``flag`` is true on any one (so all stop together)."""
+        if self.num_processes == 1:
+            return bool(flag)
+        return bool(self.reduce_sum(torch.tensor(float(bool(flag)), device=self.device)).item() > 0)
+
+    def wait_for_everyone(self) -> None:
+        """A barrier across processes (nothing in a single process)."""
+        if self.num_processes > 1:
+            self.accelerator.wait_for_everyone()
 
     @property
     def moves_batches(self) -> bool:
@@ -377,9 +397,9 @@ def build_runtime(
     if not in_job:
         chosen = choose_devices(devices, device_type)
         if len(chosen) > 1:
-            from .launch import several_devices_error
+            from .launch import NeedsProcesses
 
-            raise several_devices_error(chosen, device_type)
+            raise NeedsProcesses(chosen, device_type)  # fit starts the processes (kerastorch.launch)
         # accelerate has no device-id argument; its single-device override names the exact device.
         device = {"cuda": f"cuda:{chosen[0]}", "cpu": "cpu"}.get(device_type)  # MPS: accelerate's own setup
     if device_type in ("cpu", "mps") and precision == "16-mixed":
@@ -403,6 +423,10 @@ def build_runtime(
                 reset_accelerate_state()
             raise ValueError(f"precision={precision!r}: {torch.cuda.get_device_name(acc.device)} has no bfloat16 support. "
                              "Use precision='16-mixed' on this GPU.")
+    if in_job:
+        from .launch import check_job_formed
+
+        check_job_formed(acc, device_type)
     scaler = None
     if precision == "16-mixed" and acc.device.type == "cuda":
         scaler = torch.amp.GradScaler("cuda")

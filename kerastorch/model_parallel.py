@@ -1,0 +1,98 @@
+"""Nets the user already spread over several devices (model parallel, seed 002).
+
+A net whose encoder sits on ``cuda:0`` and decoder on ``cuda:1`` is recognised from
+its parameters' devices and never moved. Its inputs go to the device of its first
+parameters (the first submodule), and the labels, the loss and the metrics live where
+its outputs come out, found by running the first batch through it once.
+
+Example::
+
+    net = Seq2Seq()                   # net.encoder.to("cuda:0"); net.decoder.to("cuda:1")
+    model = kt.KerasModel(net, loss_fn, metrics_dict, optimizer)
+    model.fit(dl_train, dl_val)       # one process; fit leaves every submodule where it is
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def parameter_devices(net: nn.Module) -> list[torch.device]:
+    """The devices holding the net's parameters and buffers, in the order the net registers them."""
+    devices: list[torch.device] = []
+    for tensor in [*net.parameters(), *net.buffers()]:
+        if tensor.device not in devices:
+            devices.append(tensor.device)
+    return devices
+
+
+def is_model_parallel(net: nn.Module) -> bool:
+    """True when the net's parameters are on more than one device (placed there by the user)."""
+    return len(parameter_devices(net)) > 1
+
+
+def check_one_process(net: nn.Module, num_processes: int) -> None:
+    """A model-parallel net trains in one process; say so before any process starts."""
+    if num_processes > 1 and is_model_parallel(net):
+        devices = ", ".join(str(d) for d in parameter_devices(net))
+        raise ValueError(
+            f"The net's parameters are on several devices ({devices}): it is model parallel, which trains in one "
+            f"process, but {num_processes} processes were asked for. Pass devices=1 (fit leaves each piece where it "
+            "is), or put the whole net on one device to train copies of it in several processes."
+        )
+
+
+def input_device(net: nn.Module) -> torch.device:
+    """Where inputs go: the device of the net's first parameters (its first submodule)."""
+    devices = parameter_devices(net)
+    return devices[0] if devices else torch.device("cpu")
+
+
+def output_device(model, data: Any) -> torch.device:
+    """Where the net's outputs come out: one batch through it, in eval mode, without gradients."""
+    from .batches import first_tensor
+    from .checks import _rng_untouched
+
+    with _rng_untouched(data):
+        iterator = iter(data)
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            raise ValueError("The data produced no batches. Check the dataset's size, batch_size and "
+                             "drop_last.") from None
+        finally:
+            del iterator
+    was_training = model.net.training
+    model.net.eval()
+    try:
+        with torch.no_grad():
+            outputs = model.predict_batch(_to(batch, input_device(model.net)))
+    finally:
+        model.net.train(was_training)
+    found = first_tensor(outputs)
+    return found.device if found is not None else input_device(model.net)
+
+
+def model_parallel_runtime(model, runtime, data: Any):
+    """The runtime for a model-parallel net: batches to its first device, outputs where they come out."""
+    return dataclasses.replace(runtime, device=input_device(model.net), output_device=output_device(model, data))
+
+
+def labels_to_outputs(labels: Any, preds: Any) -> Any:
+    """Move tensor labels to the device of the net's output (a no-op when they share one)."""
+    from .batches import first_tensor
+
+    out = first_tensor(preds)
+    if out is None or not isinstance(labels, torch.Tensor) or labels.device == out.device:
+        return labels
+    return labels.to(out.device, non_blocking=True)
+
+
+def _to(batch: Any, device: torch.device) -> Any:
+    from .runtime import _map_tensors
+
+    return _map_tensors(batch, lambda t: t.to(device))
