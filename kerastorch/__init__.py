@@ -8,7 +8,7 @@
 from . import callbacks
 from .callbacks import Callback
 from .model import KerasModel
-from .plots import plot_history
+from .plots import LivePlot, plot_history
 from .runtime import parse_devices
 from .seed import seed_everything, seed_worker
 from .summary import summary
@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Callback",
     "KerasModel",
+    "LivePlot",
     "callbacks",
     "parse_devices",
     "plot_history",
