@@ -168,6 +168,12 @@ class LivePlot(Callback):
         self._rows = []
         self._display = None
         self._announced = False
+        if self.metrics is not None:  # a typo should fail now, not after the first epoch
+            known = ["loss", *getattr(self.model, "metrics_dict", {})]
+            unknown = [m for m in self.metrics if bare_name(m) not in known]
+            if unknown:
+                raise ValueError(f"LivePlot(metrics={list(self.metrics)!r}): {unknown} will not be logged; "
+                                 f"this model logs {known} (with the train_/val_ prefix).")
 
     def on_epoch_end(self, epoch, logs=None):
         if not self.model.is_main_process:

@@ -87,6 +87,16 @@ def test_live_plot_outside_jupyter_rewrites_one_png_and_prints_its_path_once(tmp
     assert live.figure._suptitle.get_text() == f"best val_acc = {best['val_acc']:.4g} at epoch {int(best['epoch'])}"
 
 
+def test_live_plot_refuses_unknown_metrics_before_training(tmp_path):
+    model = small_model()
+    before = [p.detach().clone() for p in model.net.parameters()]
+    with pytest.raises(ValueError, match=r"\['val_f1'\] will not be logged; this model logs \['loss', 'acc', 'top3'\]"):
+        model.fit(*digits_loaders(size=8), epochs=1, verbose=0,
+                  callbacks=[kt.LivePlot(metrics=["loss", "val_f1"], path=str(tmp_path / "run.png"))])
+    assert all(torch.equal(a, b) for a, b in zip(before, model.net.parameters()))
+    assert not (tmp_path / "run.png").exists()
+
+
 def test_fit_plot_true_in_a_script_never_imports_pyplot_and_logs_one_line_per_epoch(tmp_path):
     """A real script with its output piped, as in a CI log: no window, no flood of redraws."""
     script = textwrap.dedent("""
