@@ -12,7 +12,7 @@ from . import callbacks
 from .callbacks import Callback
 from .cuda_devices import find_usable_cuda_devices
 from .model import KerasModel
-from .plots import plot_history
+from .plots import LivePlot, plot_history
 from .runtime import parse_devices
 from .seed import seed_everything, seed_worker
 from .summary import summary
@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Callback",
     "KerasModel",
+    "LivePlot",
     "callbacks",
     "find_usable_cuda_devices",
     "parse_devices",

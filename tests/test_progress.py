@@ -1,0 +1,112 @@
+"""Progress output: text bars in a terminal, one line per epoch in logs, no device reads per step.
+
+The Jupyter widgets (an epoch bar and one reused step bar) are checked in a real kernel
+by tests/test_notebooks.py.
+"""
+
+import io
+import os
+import struct
+import threading
+
+import pytest
+import torch
+import torchmetrics
+from torch import nn
+
+import kerastorch as kt
+from kerastorch.callbacks import ProgressBar
+from kerastorch.examples import digits_loaders
+from kerastorch.meters import EpochMeters
+from kerastorch.notebook import output_style
+
+
+@pytest.fixture(scope="module")
+def loaders():
+    return digits_loaders(batch_size=64, size=8)  # 22 training steps per epoch
+
+
+def small_model():
+    kt.seed_everything(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    return kt.KerasModel(net, loss_fn=nn.CrossEntropyLoss(),
+                         metrics_dict={"acc": torchmetrics.Accuracy(task="multiclass", num_classes=10)},
+                         optimizer=torch.optim.Adam(net.parameters(), lr=0.01))
+
+
+def test_in_a_terminal_each_epoch_leaves_one_redrawn_bar(loaders):
+    fcntl, termios = pytest.importorskip("fcntl"), pytest.importorskip("termios")  # POSIX terminals
+    master, replica = os.openpty()  # a real terminal device, as when training from a shell
+    fcntl.ioctl(replica, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # 160 columns wide
+    received = bytearray()
+
+    def drain():  # read while training writes, so a full terminal buffer never blocks it
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                return
+            if not chunk:
+                return
+            received.extend(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    with os.fdopen(replica, "w") as terminal:
+        assert output_style(terminal) == "terminal"
+        small_model().fit(*loaders, epochs=2, patience=None, verbose=0,
+                          callbacks=[ProgressBar(mininterval=0, file=terminal)])
+        terminal.flush()
+        text = b""
+        for _ in range(100):
+            reader.join(0.02)
+            text = bytes(received).decode()
+            if text.count("val_acc=") >= 2:
+                break
+    os.close(master)
+    assert "\r" in text  # redrawn in place
+    finished = [line.split("\r")[-1] for line in text.replace("\r\n", "\n").split("\n") if "val_acc=" in line]
+    assert len(finished) == 2
+    assert finished[0].startswith("Epoch 1/2: 100%") and "22/22" in finished[0]
+    assert finished[1].startswith("Epoch 2/2: 100%") and "train_loss=" in finished[1]
+
+
+def test_in_a_log_an_epoch_is_one_line(loaders, capsys):
+    small_model().fit(*loaders, epochs=3, patience=None)  # pytest captures output: not a terminal
+    captured = capsys.readouterr()
+    assert "\r" not in captured.out + captured.err
+    lines = [line for line in captured.out.splitlines() if line.startswith("Epoch")]
+    assert [line.split(" (")[0] for line in lines] == ["Epoch 1/3", "Epoch 2/3", "Epoch 3/3"]
+    assert all("train_acc=" in line and "val_acc=" in line for line in lines)
+
+
+def test_verbose_0_prints_nothing_and_verbose_2_prints_lines_anywhere(loaders, capsys):
+    small_model().fit(*loaders, epochs=2, patience=None, verbose=0)
+    assert capsys.readouterr().out == ""
+    terminal_like = io.StringIO()
+    small_model().fit(*loaders, epochs=2, patience=None, verbose=0,
+                      callbacks=[ProgressBar(verbose=2, style="terminal", file=terminal_like)])
+    assert terminal_like.getvalue() == ""
+    assert [line[:9] for line in capsys.readouterr().out.splitlines()] == ["Epoch 1/2", "Epoch 2/2"]
+
+
+@pytest.mark.parametrize("mininterval, step_reads", [(3600.0, 0), (0.0, 2 * 22)])
+def test_the_bar_reads_the_device_only_when_it_redraws(loaders, monkeypatch, mininterval, step_reads):
+    reads = []
+    real_read = EpochMeters.read
+
+    def counting_read(self, synced=True):
+        reads.append(synced)
+        return real_read(self, synced)
+
+    monkeypatch.setattr(EpochMeters, "read", counting_read)
+    bar = ProgressBar(mininterval=mininterval, style="terminal", file=io.StringIO())
+    small_model().fit(*loaders, epochs=2, patience=None, verbose=0, callbacks=[bar])
+    # Step logs are read unsynced; epoch ends read the exact, synced values (train and val).
+    assert reads.count(False) == step_reads
+    assert reads.count(True) == 2 * 2
+
+
+def test_unknown_style_is_refused():
+    with pytest.raises(ValueError, match="style='fancy'.*'auto', 'notebook', 'terminal', 'lines'"):
+        ProgressBar(style="fancy")
