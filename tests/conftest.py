@@ -10,6 +10,16 @@ from torch.utils.data import DataLoader, TensorDataset
 from kerastorch.examples import digits_datasets
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    """Tiny nets train several times faster on one thread of a small shared CPU: more
+    threads only wait for each other. Subprocesses set their own."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def digits8():
     """(train, val) TensorDatasets of flattened 8x8 digits: 1348 and 449 samples."""

@@ -14,14 +14,6 @@ from kerastorch.checkpoint import load_weights
 from kerastorch.meters import EpochMeters
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny nets run ~10x faster on one thread on a shared CPU.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def accuracy(preds, labels):
     return (preds.argmax(dim=1) == labels).float().mean()

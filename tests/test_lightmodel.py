@@ -57,14 +57,6 @@ def digit_metrics() -> dict:
             "acc_tk": CountingAccuracy()}
 
 
-@pytest.fixture(scope="module")
-def one_thread():
-    # On a small shared CPU, one thread per process trains this CNN several times faster.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def quiet_trainer(pl, root, **kwargs):
     return pl.Trainer(accelerator="cpu", devices=1, default_root_dir=root, logger=False,

@@ -17,14 +17,6 @@ import kerastorch as kt
 from kerastorch.callbacks import CSVLogger, TensorBoard
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny nets run ~10x faster on one thread on a shared CPU.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def accuracy(preds, labels):
     return (preds.argmax(dim=1) == labels).float().mean()

@@ -22,27 +22,11 @@ needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 without_cuda = pytest.mark.skipif(HAS_CUDA, reason="checks the answer on a machine without CUDA")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny nets on a shared CPU: more threads only wait for each other (100x slower under load)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def digits():
-    """Flattened 8x8 digits: 1348 training and 449 validation samples."""
-    ds_train, ds_val = digits_datasets(size=8, seed=0)
-    flat = lambda ds: TensorDataset(ds.tensors[0].flatten(1), ds.tensors[1])  # noqa: E731
-    return flat(ds_train), flat(ds_val)
-
 
 @pytest.fixture
-def loaders(digits):
+def loaders(digits8):
     torch.manual_seed(0)
-    return DataLoader(digits[0], batch_size=64, shuffle=True), DataLoader(digits[1], batch_size=128)
+    return DataLoader(digits8[0], batch_size=64, shuffle=True), DataLoader(digits8[1], batch_size=128)
 
 
 def make_mlp() -> nn.Module:

@@ -12,14 +12,6 @@ import kerastorch as kt
 from kerastorch.callbacks import LearningRateScheduler
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny nets run ~10x faster on one thread on a shared CPU.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def regression_data(n=64, seed=0):
     g = torch.Generator().manual_seed(seed)
