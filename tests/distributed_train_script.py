@@ -36,6 +36,8 @@ def main(out_dir: str) -> None:
                os.path.join(out_dir, f"rank{rank}.pt"))
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump({"rank": rank, "epochs": len(history)}, f)
+    if torch.distributed.is_initialized():  # close gloo before exit, not in the interpreter's teardown
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -161,6 +161,10 @@ DDP_VALIDATE = textwrap.dedent("""
     if trainer.global_rank == 0:
         with open(out_dir + "/logs.json", "w") as f:
             json.dump({"world_size": trainer.world_size, "logs": logs}, f)
+    # Close the process group before the interpreter exits: gloo's threads torn down at
+    # exit can abort the process ("terminate called without an active exception").
+    trainer.strategy.barrier()
+    torch.distributed.destroy_process_group()
 """)
 
 

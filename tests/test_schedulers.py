@@ -113,6 +113,8 @@ model = kt.KerasModel(net, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameter
 model.fit(loader, epochs=1, patience=None, verbose=0, gradient_accumulation_steps=4)
 with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
     json.dump(torch.cat([p.detach().reshape(-1) for p in net.parameters()]).tolist(), f)
+if torch.distributed.is_initialized():  # close gloo before exit, not in the interpreter's teardown
+    torch.distributed.destroy_process_group()
 """
 
 
