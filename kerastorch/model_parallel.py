@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .batches import first_tensor
+
 
 def parameter_devices(net: nn.Module) -> list[torch.device]:
     """The devices holding the net's parameters and buffers, in the order the net registers them."""
@@ -54,7 +56,6 @@ def input_device(net: nn.Module) -> torch.device:
 
 def output_device(model, data: Any) -> torch.device:
     """Where the net's outputs come out: one batch through it, in eval mode, without gradients."""
-    from .batches import first_tensor
     from .checks import _rng_untouched
 
     with _rng_untouched(data):
@@ -84,8 +85,10 @@ def model_parallel_runtime(model, runtime, data: Any):
 
 def labels_to_outputs(labels: Any, preds: Any) -> Any:
     """Move tensor labels to the device of the net's output (a no-op when they share one)."""
-    from .batches import first_tensor
-
+    if not isinstance(labels, torch.Tensor):
+        return labels
+    if isinstance(preds, torch.Tensor) and preds.device == labels.device:
+        return labels  # the common case, checked first: it runs every step
     out = first_tensor(preds)
     if out is None or not isinstance(labels, torch.Tensor) or labels.device == out.device:
         return labels

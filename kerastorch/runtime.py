@@ -313,9 +313,9 @@ class Runtime:
         if self.num_processes > 1:
             self.accelerator.wait_for_everyone()
 
-    @property
-    def moves_batches(self) -> bool:
-        return self.device.type != "cpu" or self.param_dtype is not None
+    def __post_init__(self) -> None:
+        # Decided once: to_device runs every step.
+        self.moves_batches = self.device.type != "cpu" or self.param_dtype is not None
 
     def autocast(self):
         if self.autocast_dtype is None:
