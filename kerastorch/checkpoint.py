@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -92,15 +92,32 @@ def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
         return load_file(path)
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:
-        raise ValueError(
-            f"{path!r} is neither a safetensors file nor a plain torch state dict that loads with "
-            f"weights_only=True, so it was not loaded (loading it could run code stored in it): {error}"
-        ) from None
+    state = load_plain(path, "{path!r} is neither a safetensors file nor a plain torch state dict that loads with "
+                             "weights_only=True, so it was not loaded (loading it could run code stored in it): "
+                             "{reason}.")
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{path!r} does not hold a state dict of tensors; save one with model.save_ckpt(path).")
     return state
+
+
+def load_plain(path: str, refusal: str) -> Any:
+    """``torch.load(weights_only=True)``: only plain tensors, numbers and containers are rebuilt,
+    never code stored in the file. A refusal raises ``ValueError(refusal.format(path=, reason=))``
+    with torch's long message cut to the one reason that matters."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise ValueError(refusal.format(path=path, reason=_refusal_reason(error))) from None
+
+
+def _refusal_reason(error: Exception) -> str:
+    """The line of torch's long weights_only message that says what was refused."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if "GLOBAL" in line or "Unsupported" in line:
+            return f"it holds something other than plain values ({line.rstrip('.')})"
+    if lines and lines[0].startswith("Weights only load failed"):
+        return "it holds something other than plain tensors and numbers"
+    return lines[0].split(". ")[0].rstrip(".") if lines else f"{type(error).__name__} (is the file empty or cut short?)"

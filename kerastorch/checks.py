@@ -37,12 +37,21 @@ def check_fit_arguments(model, train_data, val_data, epochs, patience, monitor, 
     if val_data is not None:
         check_loader(val_data, "val_data")
     check_monitor(monitor, model.metrics_dict, has_val=val_data is not None)
-    if model.lr_scheduler is not None and model.lr_scheduler_interval == "step" and isinstance(
-            model.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-        raise ValueError("ReduceLROnPlateau needs an epoch's monitored value; use lr_scheduler_interval='epoch'.")
     if ckpt_path is not None:
         check_writable(ckpt_path)
     check_resume(resume, ckpt_path)
+
+
+def check_model_parts(net, loss_fn, lr_scheduler, lr_scheduler_interval) -> None:
+    """What KerasModel and LightModel refuse at construction."""
+    if not isinstance(net, torch.nn.Module):
+        raise TypeError(f"net must be a torch.nn.Module; got a {type(net).__name__}.")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable, like nn.CrossEntropyLoss(); got a {type(loss_fn).__name__}.")
+    if lr_scheduler_interval not in ("epoch", "step"):
+        raise ValueError(f"lr_scheduler_interval={lr_scheduler_interval!r}; use 'epoch' or 'step'.")
+    if lr_scheduler_interval == "step" and isinstance(lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise ValueError("ReduceLROnPlateau needs an epoch's monitored value; use lr_scheduler_interval='epoch'.")
 
 
 def check_loss_fn(model) -> None:

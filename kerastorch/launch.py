@@ -104,17 +104,13 @@ def visible_cuda_devices(devices: list[int], device_type: str):
     if device_type != "cuda" or devices == list(range(len(devices))):
         yield
         return
+    from accelerate.utils import patch_environment
+
     from .cuda_devices import cuda_visible_devices
 
-    previous = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(devices)  # indices as this process numbers them
-    try:
+    # Indices as this process numbers them; the previous value comes back afterwards.
+    with patch_environment(CUDA_VISIBLE_DEVICES=cuda_visible_devices(devices)):
         yield
-    finally:
-        if previous is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = previous
 
 
 def fit_in_processes(model, request: NeedsProcesses, fit_arguments: dict) -> Any:

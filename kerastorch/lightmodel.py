@@ -30,6 +30,7 @@ except ImportError as error:
 from torchmetrics import Metric
 
 from .batches import batch_size_of, split_batch, split_inputs
+from .checks import check_model_parts
 from .loop import detach
 from .meters import check_metrics, is_stateful_metric, metric_friendly, metric_update_fn, scalar_metric_value
 
@@ -72,17 +73,10 @@ class LightModel(pl.LightningModule):
                  optimizer: Optional[torch.optim.Optimizer] = None, lr_scheduler: Optional[Any] = None,
                  lr_scheduler_interval: str = "epoch"):
         super().__init__()
-        if not isinstance(net, nn.Module):
-            raise TypeError(f"net must be a torch.nn.Module; got a {type(net).__name__}.")
-        if loss_fn is not None and not callable(loss_fn):
-            raise TypeError(f"loss_fn must be callable, like nn.CrossEntropyLoss(); got a {type(loss_fn).__name__}.")
+        check_model_parts(net, loss_fn, lr_scheduler, lr_scheduler_interval)
         if loss_fn is None and type(self).forward_batch is LightModel.forward_batch:
             raise ValueError("LightModel has no loss_fn. Pass one, e.g. LightModel(net, loss_fn=nn.CrossEntropyLoss()), "
                              "or override forward_batch to compute the loss yourself.")
-        if lr_scheduler_interval not in ("epoch", "step"):
-            raise ValueError(f"lr_scheduler_interval={lr_scheduler_interval!r}; use 'epoch' or 'step'.")
-        if lr_scheduler_interval == "step" and isinstance(lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-            raise ValueError("ReduceLROnPlateau needs an epoch's val_loss; use lr_scheduler_interval='epoch'.")
         self.net = net
         self.loss_fn = loss_fn
         self.metrics_dict = check_metrics(metrics_dict)

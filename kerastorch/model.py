@@ -49,12 +49,7 @@ class KerasModel:
     def __init__(self, net: nn.Module, loss_fn: Optional[Any] = None, metrics_dict: Optional[dict] = None,
                  optimizer: Optional[torch.optim.Optimizer] = None, lr_scheduler: Optional[Any] = None,
                  lr_scheduler_interval: str = "epoch"):
-        if not isinstance(net, nn.Module):
-            raise TypeError(f"net must be a torch.nn.Module; got a {type(net).__name__}.")
-        if loss_fn is not None and not callable(loss_fn):
-            raise TypeError(f"loss_fn must be callable, like nn.CrossEntropyLoss(); got a {type(loss_fn).__name__}.")
-        if lr_scheduler_interval not in ("epoch", "step"):
-            raise ValueError(f"lr_scheduler_interval={lr_scheduler_interval!r}; use 'epoch' or 'step'.")
+        checks.check_model_parts(net, loss_fn, lr_scheduler, lr_scheduler_interval)
         self.net = net
         self.loss_fn = loss_fn
         self.metrics_dict = check_metrics(metrics_dict)

@@ -389,6 +389,7 @@ def build_runtime(
     convert the net and the floating inputs instead (see :class:`Runtime`).
     """
     from accelerate import Accelerator
+    from accelerate.utils import patch_environment
 
     precision = parse_precision(precision, mixed_precision)
     device_type = parse_accelerator(accelerator, cpu=cpu)
@@ -413,7 +414,7 @@ def build_runtime(
 
     if not in_job:
         reset_accelerate_state()
-    with _environment(ACCELERATE_TORCH_DEVICE=device):
+    with patch_environment(**({"ACCELERATE_TORCH_DEVICE": device} if device else {})):
         acc = Accelerator(cpu=device_type == "cpu", mixed_precision="no")
     if acc.device.type == "cuda":
         # Tensors made on "cuda" without an index (by a loss or a metric) land on the run's device.
@@ -439,21 +440,6 @@ def build_runtime(
         scaler=scaler,
         owns_state=not in_job,
     )
-
-
-@contextlib.contextmanager
-def _environment(**values: Optional[str]):
-    """Set environment variables for the duration of a block (None: leave alone), then restore them."""
-    saved = {name: os.environ.get(name) for name, value in values.items() if value is not None}
-    os.environ.update({name: value for name, value in values.items() if value is not None})
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def runtime_for_net(net: torch.nn.Module) -> Runtime:

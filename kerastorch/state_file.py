@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checkpoint import atomic_write
+from .checkpoint import atomic_write, load_plain
 
 _PLAIN_LEAVES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
 
@@ -70,29 +70,13 @@ def load_state_file(path: str | os.PathLike) -> dict:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"No training state at {path!r}.")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:
-        raise ValueError(
-            f"{path!r} could not be read as a training state, so it was not loaded (only plain tensors and "
-            f"numbers are read, never code stored in the file): {_reason(error)}. If the file is damaged or not "
-            "yours, delete it to start fresh, or pass resume=False."
-        ) from None
+    state = load_plain(path, "{path!r} could not be read as a training state, so it was not loaded (only plain "
+                             "tensors and numbers are read, never code stored in the file): {reason}. If the file "
+                             "is damaged or not yours, delete it to start fresh, or pass resume=False.")
     if not isinstance(state, dict):
         raise ValueError(f"{path!r} holds a {type(state).__name__}, not a training state. Delete it to start fresh, "
                          "or pass resume=False.")
     return state
-
-
-def _reason(error: Exception) -> str:
-    """The line of torch's long weights_only message that says what was refused."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    for line in lines:
-        if "GLOBAL" in line or "Unsupported" in line:
-            return f"it holds something other than plain values ({line.rstrip('.')})"
-    if lines and lines[0].startswith("Weights only load failed"):
-        return "it holds something other than plain tensors and numbers"
-    return lines[0].split(". ")[0].rstrip(".") if lines else f"{type(error).__name__} (is the file empty or cut short?)"
 
 
 __all__ = ["load_state_file", "save_state_file", "to_plain"]

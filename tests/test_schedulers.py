@@ -290,10 +290,16 @@ def test_reduce_lr_on_plateau_per_step_is_refused_with_advice():
     train, val = classification_loaders()
     net = make_net()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-    model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=optimizer, lr_scheduler_interval="step",
-                          lr_scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer))
-    with pytest.raises(ValueError, match="lr_scheduler_interval='epoch'"):
+    before = [p.clone() for p in net.parameters()]
+    with pytest.raises(ValueError, match="lr_scheduler_interval='epoch'"):  # refused as soon as it is built
+        model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=optimizer, lr_scheduler_interval="step",
+                              lr_scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer))
         model.fit(train, val, epochs=1, verbose=0)
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+    pytest.importorskip("lightning.pytorch")
+    with pytest.raises(ValueError, match="lr_scheduler_interval='epoch'"):  # LightModel: the same check
+        kt.LightModel(net, nn.CrossEntropyLoss(), optimizer=optimizer, lr_scheduler_interval="step",
+                      lr_scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer))
 
 
 # -- LearningRateScheduler callback ---------------------------------------------------------
@@ -324,3 +330,4 @@ def test_learning_rate_scheduler_of_the_epoch_alone_and_a_bad_return():
     with pytest.raises(ValueError, match="returned None at epoch 1; it must return a learning rate"):
         model.fit(train, val, epochs=2, verbose=0, callbacks=[LearningRateScheduler(lambda epoch, lr: None)])
     assert torch.equal(flat(net), before)
+
