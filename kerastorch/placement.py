@@ -16,7 +16,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from .runtime import Runtime
+from .runtime import TRUE_PRECISION_OF, Runtime, uniform_floating_dtype
 
 
 def place_model(net: nn.Module, loss_fn: Any, optimizer: Optional[torch.optim.Optimizer], runtime: Runtime,
@@ -33,7 +33,7 @@ def place_model(net: nn.Module, loss_fn: Any, optimizer: Optional[torch.optim.Op
         name = str(current).replace("torch.", "")
         warnings.warn(
             f"The net's weights are {name}; precision={runtime.precision!r} trains float32 weights, so they are "
-            f"converted to float32. Pass precision='{_TRUE_PRECISION.get(current, '32-true')}' to train in {name}.",
+            f"converted to float32. Pass precision='{TRUE_PRECISION_OF.get(current, '32-true')}' to train in {name}.",
             UserWarning,
             stacklevel=4,
         )
@@ -60,15 +60,6 @@ def warn_if_eps_vanishes(optimizer: torch.optim.Optimizer) -> None:
                 stacklevel=5,
             )
             return
-
-
-_TRUE_PRECISION = {torch.float64: "64-true", torch.float16: "16-true", torch.bfloat16: "bf16-true"}
-
-
-def uniform_floating_dtype(module: nn.Module) -> Optional[torch.dtype]:
-    """The one floating dtype of all the module's parameters, or None (none, or several)."""
-    dtypes = {p.dtype for p in module.parameters() if p.is_floating_point()}
-    return dtypes.pop() if len(dtypes) == 1 else None
 
 
 def match_optimizer_state(optimizer: torch.optim.Optimizer) -> None:

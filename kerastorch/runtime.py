@@ -34,6 +34,7 @@ _MIXED_PRECISION_WORDS = {"no": "32-true", "fp16": "16-mixed", "bf16": "bf16-mix
 
 _AUTOCAST_DTYPES = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 _PARAM_DTYPES = {"16-true": torch.float16, "bf16-true": torch.bfloat16, "64-true": torch.float64}
+TRUE_PRECISION_OF = {dtype: name for name, dtype in _PARAM_DTYPES.items()}  # torch.float64 -> "64-true"
 
 DevicesArg = Union[int, str, Sequence[int]]
 
@@ -442,14 +443,18 @@ def build_runtime(
     )
 
 
+def uniform_floating_dtype(module: torch.nn.Module) -> Optional[torch.dtype]:
+    """The one floating dtype of all the module's parameters, or None (none, or several)."""
+    dtypes = {p.dtype for p in module.parameters() if p.is_floating_point()}
+    return dtypes.pop() if len(dtypes) == 1 else None
+
+
 def runtime_for_net(net: torch.nn.Module) -> Runtime:
     """A single-process runtime on the device and dtype the net already has (for evaluate/predict)."""
     tensors = list(net.parameters()) or list(net.buffers())
     device = tensors[0].device if tensors else torch.device("cpu")
-    floating = {t.dtype for t in tensors if t.is_floating_point()}
-    param_dtype = floating.pop() if len(floating) == 1 else None
+    param_dtype = uniform_floating_dtype(net)
     if param_dtype == torch.float32:
         param_dtype = None
-    precision = {None: "32-true", torch.float64: "64-true", torch.float16: "16-true", torch.bfloat16: "bf16-true"}.get(param_dtype, "32-true")
-    return Runtime(accelerator=None, device=device, precision=precision, autocast_dtype=None,
-                   param_dtype=param_dtype, scaler=None, owns_state=False)
+    return Runtime(accelerator=None, device=device, precision=TRUE_PRECISION_OF.get(param_dtype, "32-true"),
+                   autocast_dtype=None, param_dtype=param_dtype, scaler=None, owns_state=False)
