@@ -9,11 +9,11 @@ import importlib as _importlib
 import importlib.util as _importlib_util
 
 from . import callbacks
-from .callbacks import Callback
+from .callbacks import Callback, LivePlot
 from .cuda_devices import find_usable_cuda_devices
 from .model import KerasModel
-from .plots import LivePlot, plot_history
-from .runtime import parse_devices
+from .options import parse_devices
+from .plots import plot_history
 from .seed import seed_everything, seed_worker
 from .summary import summary
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from accelerate.utils import concatenate, recursively_apply
 
 LABEL_KEYS = ("labels", "label", "y")
 
@@ -84,3 +85,31 @@ def first_tensor(obj: Any):
             if found is not None:
                 return found
     return None
+
+
+# Nested outputs (tuples, lists, namedtuples, dicts and their subclasses) are walked
+# with accelerate's recursively_apply, which rebuilds each container as its own type.
+
+
+def detach(outputs: Any) -> Any:
+    """``outputs`` with every tensor detached from the graph (the common bare tensor first: it runs every step)."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs.detach()
+    return recursively_apply(torch.Tensor.detach, outputs)
+
+
+def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    out = tensor.detach().to("cpu")
+    if out.dtype in (torch.float16, torch.bfloat16):
+        out = out.float()  # what every consumer of predictions accepts
+    return out.reshape(1) if out.dim() == 0 else out  # a scalar per batch concatenates to one per batch
+
+
+def to_host(outputs: Any) -> Any:
+    """``outputs`` copied to the CPU, half precision as float32, scalars as one-element tensors."""
+    return recursively_apply(_host_copy, outputs)
+
+
+def concatenate_batches(outputs: list) -> Any:
+    """One structure of the batches' outputs, concatenated along the first dimension."""
+    return concatenate(outputs)

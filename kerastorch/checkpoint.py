@@ -15,6 +15,7 @@ import tempfile
 from typing import Any, Callable, Iterator
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 SAFETENSORS_MAGIC_MAX = 100_000_000  # a safetensors header length is far below this
@@ -67,8 +68,6 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
 
 def save_weights(state_dict: dict[str, torch.Tensor], path: str | os.PathLike) -> None:
     """Write a state dict as a safetensors file, atomically."""
-    from safetensors.torch import save_file
-
     # safetensors refuses tensors that share memory (tied weights); separate copies load back the same.
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
     atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt", "writer": "kerastorch"}))
@@ -89,8 +88,6 @@ def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"No checkpoint at {path!r}. Check the path, or train with fit(..., ckpt_path={path!r}) first.")
     if _is_safetensors(path):
-        from safetensors.torch import load_file
-
         return load_file(path)
     state = load_plain(path, "{path!r} is neither a safetensors file nor a plain torch state dict that loads with "
                              "weights_only=True, so it was not loaded (loading it could run code stored in it): "

@@ -13,55 +13,41 @@ from typing import Any, Optional
 import torch
 
 from .batches import BatchError
+from .callbacks.base import Callback
 from .callbacks.monitor import check_mode
+from .callbacks.training_state import training_state_path
+from .data import NoBatchesError, dry_run_first_batch, num_batches
+from .history import history_columns
+from .parts import check_loss_fn
+from .settings import FitSettings
 
 
-def check_fit_arguments(model, train_data, val_data, epochs, patience, monitor, mode, accumulation_steps,
-                        clip_val, clip_algorithm, ckpt_path, verbose, resume=False, callbacks=None) -> None:
+def check_fit(model: Any, train_data: Any, val_data: Any, settings: FitSettings) -> None:
+    """Everything about ``fit``'s arguments that can be checked without running the net."""
     check_loss_fn(model)
     check_optimizer(model)
     check_lr_scheduler(model)
-    check_callbacks(callbacks)
-    _check_whole_number("epochs", epochs, minimum=0)
-    if patience is not None:
-        _check_whole_number("patience", patience, minimum=0, hint="or patience=None to never stop early")
-    _check_whole_number("gradient_accumulation_steps", accumulation_steps, minimum=1)
-    if verbose not in (0, 1, 2, False, True):
-        raise ValueError(f"verbose={verbose!r}; use 0 (silent), 1 (progress bars) or 2 (one line per epoch).")
+    check_callbacks(settings.callbacks)
+    watch, step, output = settings.monitoring, settings.step, settings.output
+    _check_whole_number("epochs", settings.epochs, minimum=0)
+    if watch.patience is not None:
+        _check_whole_number("patience", watch.patience, minimum=0, hint="or patience=None to never stop early")
+    _check_whole_number("gradient_accumulation_steps", step.accumulation_steps, minimum=1)
+    if output.verbose not in (0, 1, 2, False, True):
+        raise ValueError(f"verbose={output.verbose!r}; use 0 (silent), 1 (progress bars) or 2 (one line per epoch).")
+    clip_val = step.clip_val
     if clip_val is not None and (not isinstance(clip_val, (int, float)) or isinstance(clip_val, bool) or clip_val <= 0):
         raise ValueError(f"gradient_clip_val={clip_val!r} must be a positive number (or None for no clipping).")
-    if clip_algorithm not in ("norm", "value"):
-        raise ValueError(f"gradient_clip_algorithm={clip_algorithm!r}; use 'norm' or 'value'.")
-    check_mode(mode)
+    if step.clip_algorithm not in ("norm", "value"):
+        raise ValueError(f"gradient_clip_algorithm={step.clip_algorithm!r}; use 'norm' or 'value'.")
+    check_mode(watch.mode)
     check_loader(train_data, "train_data")
     if val_data is not None:
         check_loader(val_data, "val_data")
-    check_monitor(monitor, model.metrics_dict, has_val=val_data is not None)
-    if ckpt_path is not None:
-        check_writable(ckpt_path)
-    check_resume(resume, ckpt_path)
-
-
-def check_model_parts(net, loss_fn, lr_scheduler, lr_scheduler_interval) -> None:
-    """What KerasModel and LightModel refuse at construction."""
-    if not isinstance(net, torch.nn.Module):
-        raise TypeError(f"net must be a torch.nn.Module; got a {type(net).__name__}.")
-    if loss_fn is not None and not callable(loss_fn):
-        raise TypeError(f"loss_fn must be callable, like nn.CrossEntropyLoss(); got a {type(loss_fn).__name__}.")
-    if lr_scheduler_interval not in ("epoch", "step"):
-        raise ValueError(f"lr_scheduler_interval={lr_scheduler_interval!r}; use 'epoch' or 'step'.")
-    if lr_scheduler_interval == "step" and isinstance(lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-        raise ValueError("ReduceLROnPlateau needs an epoch's monitored value; use lr_scheduler_interval='epoch'.")
-
-
-def check_loss_fn(model) -> None:
-    if isinstance(model.loss_fn, type):
-        name = model.loss_fn.__name__
-        raise TypeError(f"loss_fn is the class {name}, not a loss. Pass an instance: loss_fn=nn.{name}() "
-                        "(note the brackets).")
-    if model.loss_fn is None and type(model).forward_batch is _default_forward_batch():
-        raise ValueError("KerasModel has no loss_fn. Pass one, e.g. KerasModel(net, loss_fn=nn.CrossEntropyLoss()), "
-                         "or override forward_batch to compute the loss yourself.")
+    check_monitor(watch.monitor, model.metrics_dict, has_val=val_data is not None)
+    if watch.ckpt_path is not None:
+        check_writable(watch.ckpt_path)
+    check_resume(watch.resume, watch.ckpt_path)
 
 
 def check_optimizer(model) -> None:
@@ -110,16 +96,12 @@ def _bare_optimizer(optimizer):
 
 
 def check_callbacks(callbacks) -> None:
-    from .callbacks.base import Callback
-
     if callbacks is not None and (isinstance(callbacks, Callback) or not isinstance(callbacks, (list, tuple))):
         raise TypeError(f"callbacks is a {type(callbacks).__name__}, but it must be a list of callbacks, e.g. "
                         "callbacks=[kt.callbacks.EarlyStopping('val_loss', patience=3)].")
 
 
 def check_resume(resume, ckpt_path) -> None:
-    from .callbacks.training_state import training_state_path
-
     if not isinstance(resume, bool):
         raise TypeError(f"resume={resume!r} must be True or False.")
     if not resume:
@@ -134,31 +116,17 @@ def check_resume(resume, ckpt_path) -> None:
                          "another ckpt_path.")
 
 
-def _default_forward_batch():
-    from .model import KerasModel
-
-    return KerasModel.forward_batch
-
-
 def _check_whole_number(name: str, value: Any, minimum: int, hint: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         extra = f" ({hint})" if hint else ""
         raise ValueError(f"{name}={value!r} must be a whole number >= {minimum}{extra}.")
 
 
-def run_names(metrics_dict: dict, has_val: bool) -> list[str]:
-    """The history columns a run will produce, known before the first batch."""
-    names = ["train_loss", *(f"train_{m}" for m in metrics_dict), "lr"]
-    if has_val:
-        names += ["val_loss", *(f"val_{m}" for m in metrics_dict)]
-    return names
-
-
 def check_monitor(monitor: str, metrics_dict: dict, has_val: bool) -> None:
-    names = run_names(metrics_dict, has_val)
+    names = history_columns(metrics_dict, has_val)
     if monitor in names:
         return
-    if monitor.startswith("val_") and not has_val and monitor in run_names(metrics_dict, True):
+    if monitor.startswith("val_") and not has_val and monitor in history_columns(metrics_dict, True):
         raise ValueError(f"monitor={monitor!r} needs validation data, but val_data is None. Pass val_data=..., "
                          f"or monitor one of: {', '.join(names)}.")
     close = difflib.get_close_matches(str(monitor), names, n=1)
@@ -173,7 +141,7 @@ def check_loader(data: Any, name: str) -> None:
             f"{name} is a {type(data).__name__}, but it must be an iterable of batches, such as "
             "torch.utils.data.DataLoader(TensorDataset(x, y), batch_size=32)."
         )
-    length = _length(data)
+    length = num_batches(data)
     if length == 0:
         raise ValueError(f"{name} is empty (0 batches). Check the dataset's size, batch_size and drop_last.")
 
@@ -230,55 +198,30 @@ def _file_in_the_way(folder: str) -> Optional[str]:
     return folder if os.path.isfile(folder) else None
 
 
-@contextlib.contextmanager
-def _rng_untouched(loader: Any):
-    """Peeking at a batch must not change the data order of the run that follows."""
-    generator = getattr(loader, "generator", None)
-    torch_state = torch.random.get_rng_state()
-    gen_state = generator.get_state() if isinstance(generator, torch.Generator) else None
-    try:
-        yield
-    finally:
-        torch.random.set_rng_state(torch_state)
-        if gen_state is not None:
-            generator.set_state(gen_state)
-
-
-def check_first_batch(model, data: Any, runtime, name: str) -> None:
+def check_first_batch(model: Any, data: Any, runtime: Any, name: str) -> None:
     """Run the first batch through the net and the loss in eval mode, without gradients,
     so a wrong batch layout or a net/loss mismatch fails before any weight changes."""
-    with _rng_untouched(data):
-        iterator = iter(data)
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            raise ValueError(f"{name} produced no batches. Check the dataset's size, batch_size and drop_last.") from None
-        finally:
-            del iterator
-    was_training = model.net.training
-    model.net.eval()
-    try:
-        with torch.no_grad(), runtime.autocast():
+
+    def forward(batch: Any) -> Any:
+        with runtime.autocast():
             loss, _, _ = model.forward_batch(runtime.to_device(batch))
-    except BatchError:
+        return loss
+
+    try:
+        loss = dry_run_first_batch(model.net, data, name, forward)
+    except (BatchError, NoBatchesError):
         raise
     except Exception as error:
-        message = f"The first batch of {name} failed in the net or the loss, before training started: {error}"
-        try:
-            wrapped = type(error)(message)
-        except Exception:  # an exception type that takes other arguments
-            wrapped = RuntimeError(message)
-        raise wrapped from error
-    finally:
-        model.net.train(was_training)
+        raise _wrapped(error, name) from error
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise ValueError(f"The loss must be a single number (a mean over the batch); got {shape}. Use a loss with "
                          "reduction='mean' or reduce it in forward_batch.")
 
 
-def _length(data: Any) -> Optional[int]:
+def _wrapped(error: Exception, name: str) -> Exception:
+    message = f"The first batch of {name} failed in the net or the loss, before training started: {error}"
     try:
-        return len(data)
-    except TypeError:
-        return None
+        return type(error)(message)
+    except Exception:  # an exception type that takes other arguments
+        return RuntimeError(message)

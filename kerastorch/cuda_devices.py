@@ -30,6 +30,11 @@ def cuda_device_count() -> int:
     return torch.cuda.device_count()  # 0 for a torch built without CUDA
 
 
+def mps_available() -> bool:
+    """True when torch can use an Apple MPS device (asked without starting anything)."""
+    return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+
+
 def why_no_cuda() -> str:
     """One sentence on why no CUDA device is visible, for error messages."""
     if not torch.version.cuda:

@@ -11,18 +11,21 @@ or :mod:`kerastorch.launch`):
   which starts every process from the main process's weights and averages gradients;
 - epoch values are sums over all processes: the loss and plain-function metrics
   through :class:`~kerastorch.meters.EpochMeters`' ``reduce_fn``, stateful metrics
-  through :func:`compute_metric` here. Nothing gathers predictions per step.
+  through :func:`~kerastorch.metric_sync.compute_metric`. Nothing gathers predictions
+  per step.
 """
 
 from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
+
+from .model_parallel import check_one_process
 
 
 @contextlib.contextmanager
@@ -34,8 +37,6 @@ def process_share(model, runtime, train_data, val_data) -> Iterator[tuple[Any, A
     if runtime.num_processes == 1:
         yield train_data, val_data
         return
-    from .model_parallel import check_one_process
-
     check_one_process(model.net, runtime.num_processes)
     accelerator = runtime.accelerator
     train_loader = shard_for_training(accelerator, train_data)
@@ -100,107 +101,3 @@ class SamplerEpochs:
 
     def __len__(self) -> int:
         return len(self.loader)
-
-
-# -- stateful metrics over several processes --------------------------------------------
-
-
-def is_torchmetrics(metric: Any) -> bool:
-    try:
-        from torchmetrics import Metric
-    except ImportError:
-        return False
-    return isinstance(metric, Metric)
-
-
-def several_processes() -> bool:
-    """True inside a process group of more than one process."""
-    dist = torch.distributed
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def prepare_metric_for_processes(metric: Any) -> None:
-    """A torchmetrics Metric must not hand back a cached local value when asked for the synced one."""
-    if is_torchmetrics(metric) and several_processes():
-        metric.compute_with_cache = False
-
-
-def compute_metric(metric: Any, reduce_fn: Optional[Callable] = None, device: Optional[torch.device] = None) -> Any:
-    """``metric.compute()`` over every process's updates when ``reduce_fn`` is given, else over this process's.
-
-    Every process must make the synced call (it is a collective). A torchmetrics Metric
-    gathers its states with its own reductions. Any other metric (torchkeras's pattern,
-    e.g. ``correct``/``total`` tensors) has its tensor states summed over processes and
-    its list-of-tensors states concatenated, for the ``compute``, then put back.
-    """
-    if reduce_fn is None or not several_processes():
-        with _torchmetrics_sync_off(metric):
-            return metric.compute()
-    if is_torchmetrics(metric):
-        return metric.compute()
-    with _states_combined(metric, reduce_fn, device):
-        return metric.compute()
-
-
-@contextlib.contextmanager
-def _torchmetrics_sync_off(metric: Any):
-    """torchmetrics syncs inside ``compute`` whenever a process group exists; a local read must not
-    (the progress bar reads on the main process alone and would wait forever)."""
-    if not (is_torchmetrics(metric) and several_processes()):
-        yield
-        return
-    previous = metric.distributed_available_fn
-    metric.distributed_available_fn = lambda: False
-    try:
-        yield
-    finally:
-        metric.distributed_available_fn = previous
-
-
-def state_tensors(metric: Any) -> list[torch.Tensor]:
-    """A metric's tensor states: parameters, buffers and tensor attributes (each once)."""
-    found: dict[int, torch.Tensor] = {}
-    if isinstance(metric, nn.Module):
-        for tensor in [*metric.parameters(), *metric.buffers()]:
-            found.setdefault(id(tensor), tensor)
-    for value in vars(metric).values():
-        if isinstance(value, torch.Tensor):
-            found.setdefault(id(value), value)
-    return list(found.values())
-
-
-def state_lists(metric: Any) -> dict[str, list]:
-    """A metric's list states: attributes that are lists of tensors (e.g. stored predictions)."""
-    return {name: value for name, value in vars(metric).items()
-            if isinstance(value, list) and all(isinstance(v, torch.Tensor) for v in value)}
-
-
-@contextlib.contextmanager
-def _states_combined(metric: Any, reduce_fn: Callable, device: Optional[torch.device]):
-    tensors = state_tensors(metric)
-    local_values = [t.detach().clone() for t in tensors]
-    if tensors:
-        where = device or tensors[0].device
-        sum_dtype = torch.float32 if where.type == "mps" else torch.float64
-        flat = torch.cat([t.detach().reshape(-1).to(where, sum_dtype) for t in tensors])
-        summed = reduce_fn(flat)
-        offset = 0
-        with torch.no_grad():
-            for tensor in tensors:
-                tensor.copy_(summed[offset:offset + tensor.numel()].view(tensor.shape).to(tensor.device, tensor.dtype))
-                offset += tensor.numel()
-    local_lists = state_lists(metric)
-    gathered: list = [None] * torch.distributed.get_world_size()
-    # One collective for all list states, whatever each process holds; once per epoch, not per step.
-    torch.distributed.all_gather_object(gathered, {k: [t.detach().cpu() for t in v] for k, v in local_lists.items()})
-    for name, items in local_lists.items():
-        where = items[0].device if items else (device or torch.device("cpu"))
-        setattr(metric, name, [t.to(where) for part in gathered for t in part.get(name, [])])
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for tensor, value in zip(tensors, local_values):
-                tensor.copy_(value)
-        for name, items in local_lists.items():
-            setattr(metric, name, items)

@@ -1,11 +1,11 @@
-"""Several devices from a notebook or a plain ``python`` process.
+"""k worker processes from a notebook or a plain ``python`` process, and results back.
 
 Inside a job started by ``torchrun`` or ``accelerate launch``, ``fit`` simply runs as
-one rank. From a notebook or a plain ``python`` process, ``fit(devices=k)`` with k > 1
-lands here: accelerate's ``notebook_launcher`` forks k processes from this one, each of
-them replays the same ``fit`` call as one rank of the job, and the main one hands back
-the history, the best weights and the optimizer's state, which this process loads into
-the caller's ``model``. So the caller gets what a one-process ``fit`` gives.
+one rank. From a notebook or a plain ``python`` process, a plan that runs in
+``"workers"`` (``fit(devices=k)`` with k > 1) comes here: accelerate's
+``notebook_launcher`` forks k processes from this one, each runs the work it was
+given (the same fit, as one rank of the job), and what the main one returns comes
+back to the caller (:mod:`kerastorch.run` loads it into the caller's model).
 
 Forking is what lets the net, the loss, the metrics, the optimizer and the data reach
 the workers without being pickled (a lambda or a notebook class works). Its one rule:
@@ -27,9 +27,17 @@ import tempfile
 import time
 import traceback
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import torch
+from accelerate import notebook_launcher
+from accelerate.utils import patch_environment
+from torch.distributed.elastic.multiprocessing.api import SignalException
+
+from .cuda_devices import cuda_visible_devices
+from .model_parallel import check_one_process
+from .plan import Plan
+from .runtime import reset_accelerate_state
 
 RESULTS_FILE = "results.pt"
 FAILURE_FILE = "failure-rank{rank}.pkl"
@@ -43,16 +51,6 @@ CUDA_BEFORE_FORK = (
     "os.environ['PYTORCH_NVML_BASED_CUDA_CHECK'] = '1' before calling torch.cuda.is_available(). Or put the code "
     "in a script and run `accelerate launch --num_processes {k} train.py`."
 )
-
-
-class NeedsProcesses(Exception):
-    """Raised by :func:`~kerastorch.runtime.build_runtime` when ``fit`` must start
-    ``len(devices)`` processes; ``KerasModel.fit`` catches it and calls :func:`fit_in_processes`."""
-
-    def __init__(self, devices: list[int], device_type: str):
-        super().__init__(f"fit needs {len(devices)} processes on {device_type} devices {devices}")
-        self.devices = devices
-        self.device_type = device_type
 
 
 class WorkerTraceback(Exception):
@@ -69,18 +67,6 @@ def several_devices_error(chosen: list[int], device_type: str) -> Exception:
         "this platform cannot fork them from here. Start the script with `accelerate launch --num_processes "
         f"{len(chosen)} script.py` or `torchrun --nproc_per_node {len(chosen)} script.py`, or pass devices=1."
     )
-
-
-def check_job_formed(accelerator, device_type: str) -> None:
-    """In a torchrun / accelerate launch job: refuse to train alone when the job has several processes."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if accelerator.num_processes != world_size:
-        raise RuntimeError(
-            f"This process is one of WORLD_SIZE={world_size} processes started by torchrun or accelerate launch, "
-            f"but on {device_type!r} accelerate formed a group of {accelerator.num_processes}: every process would "
-            "train alone on all of the data. Several processes run on CUDA GPUs or on the CPU (gloo): pass "
-            "accelerator='cpu' or 'cuda' to fit, or start a single process."
-        )
 
 
 def free_port() -> int:
@@ -104,48 +90,37 @@ def visible_cuda_devices(devices: list[int], device_type: str):
     if device_type != "cuda" or devices == list(range(len(devices))):
         yield
         return
-    from accelerate.utils import patch_environment
-
-    from .cuda_devices import cuda_visible_devices
-
     # Indices as this process numbers them; the previous value comes back afterwards.
     with patch_environment(CUDA_VISIBLE_DEVICES=cuda_visible_devices(devices)):
         yield
 
 
-def fit_in_processes(model, request: NeedsProcesses, fit_arguments: dict) -> Any:
-    """Run ``model.fit(**fit_arguments)`` in ``len(request.devices)`` forked processes.
+def run_in_workers(plan: Plan, net: torch.nn.Module, work: Callable[[], Any]) -> Any:
+    """Run ``work()`` in ``len(plan.devices)`` forked processes; return what the main one's returned.
 
-    When they finish, ``model.net`` holds the trained best weights (on the CPU, so
-    that a later multi-process fit can fork again), the optimizer and the learning-rate
-    scheduler hold the state the run left them in, and the history is returned. An
-    error in a worker is raised here, with the worker's traceback as its cause.
+    ``work`` reaches the workers by forking, not pickling, so it may hold anything a
+    notebook defined. An error in a worker is raised here, with the worker's traceback
+    as its cause; Ctrl-C stops every worker and raises ``KeyboardInterrupt``.
     """
-    from accelerate import notebook_launcher
-
-    from .model_parallel import check_one_process
-    from .runtime import reset_accelerate_state
-
-    num_processes = len(request.devices)
-    check_one_process(model.net, num_processes)
-    check_can_fork(num_processes, request.device_type)
+    num_processes = len(plan.devices)
+    check_one_process(net, num_processes)
+    check_can_fork(num_processes, plan.device_type)
     reset_accelerate_state()  # the launcher refuses to fork an initialised accelerate state
     with tempfile.TemporaryDirectory(prefix="kerastorch-processes-") as folder:
         try:
             with contextlib.ExitStack() as stack:
-                stack.enter_context(visible_cuda_devices(request.devices, request.device_type))
+                stack.enter_context(visible_cuda_devices(list(plan.devices), plan.device_type))
                 # A worker's error reaches the caller as the exception below; torch's launcher would log it too.
                 stack.enter_context(_logger_quiet("torch.distributed.elastic"))
                 stack.enter_context(_logger_quiet("torch.multiprocessing"))
                 # accelerate's "Launching training on 2 CUDAs." says CUDA even on a CPU; the workers say where they run.
                 stack.enter_context(contextlib.redirect_stdout(_WithoutLaunchLine(sys.stdout)))
-                notebook_launcher(run_one_process, args=(model, fit_arguments, folder),
-                                  num_processes=num_processes, use_port=str(free_port()))
+                notebook_launcher(run_one_process, args=(work, folder), num_processes=num_processes,
+                                  use_port=str(free_port()))
         except Exception as launch_error:
             raise worker_failure(folder, launch_error, num_processes)  # the cause shown is the worker's traceback
-        results = torch.load(os.path.join(folder, RESULTS_FILE), map_location="cpu",
-                             weights_only=False)  # written a moment ago by our own worker, in a private folder
-    return take_results(model, results)
+        # Written a moment ago by our own worker, in a private folder.
+        return torch.load(os.path.join(folder, RESULTS_FILE), map_location="cpu", weights_only=False)
 
 
 class _WithoutLaunchLine:
@@ -180,48 +155,21 @@ def _logger_quiet(name: str):
         logger.setLevel(level)
 
 
-def run_one_process(model, fit_arguments: dict, folder: str) -> None:
-    """What each forked process runs: the same fit, as one rank; the main one writes the results."""
+def run_one_process(work: Callable[[], Any], folder: str) -> None:
+    """What each forked process runs: the work, as one rank; the main one writes what it returned."""
     rank = int(os.environ.get("RANK", "0"))
     # accelerate gives each CPU process its share of the cores and says so; that is the plan, not news.
     warnings.filterwarnings("ignore", message="OMP_NUM_THREADS/MKL_NUM_THREADS unset")
     try:
-        history = model.fit(**fit_arguments)
+        result = work()
         if rank == 0:
-            torch.save(results_of(model, history), os.path.join(folder, RESULTS_FILE))
+            torch.save(result, os.path.join(folder, RESULTS_FILE))
     except BaseException as error:
         record_failure(folder, rank, error)
         raise
     finally:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-
-
-def results_of(model, history) -> dict:
-    from .checkpoint import cpu_state_dict
-
-    return {
-        "history": history.to_dict("records"),
-        "weights": cpu_state_dict(model.net),
-        "optimizer": model.optimizer.state_dict(),
-        "lr_scheduler": model.lr_scheduler.state_dict() if model.lr_scheduler is not None else None,
-        "stop_training": model.stop_training,
-    }
-
-
-def take_results(model, results: dict):
-    """Load what the main worker sent back into the caller's model; return the history."""
-    from .checkpoint import unwrap
-    from .model import history_frame
-
-    unwrap(model.net).load_state_dict(results["weights"])
-    model.optimizer.load_state_dict(results["optimizer"])
-    if results["lr_scheduler"] is not None:
-        model.lr_scheduler.load_state_dict(results["lr_scheduler"])
-    model.stop_training = results["stop_training"]
-    model.runtime = None
-    model.history = history_frame(results["history"])
-    return model.history
 
 
 def record_failure(folder: str, rank: int, error: BaseException) -> None:
@@ -240,8 +188,6 @@ def record_failure(folder: str, rank: int, error: BaseException) -> None:
 
 def worker_failure(folder: str, launch_error: Exception, num_processes: int) -> BaseException:
     """The caller's exception for a failed launch: the first worker's own error, with its traceback as cause."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-
     if isinstance(launch_error, SignalException):  # Ctrl-C (or a kill) reached this process: workers were stopped
         stopped = (f"Training in {num_processes} processes was stopped by {launch_error.sigval.name}; the processes "
                    "have ended and the model keeps the weights it had before this fit.")

@@ -29,15 +29,14 @@ except ImportError as error:
 
 from torchmetrics import Metric
 
-from .batches import batch_size_of, split_batch, split_inputs
-from .checks import check_model_parts
-from .loop import detach
-from .meters import check_metrics, is_stateful_metric, metric_friendly, metric_update_fn, scalar_metric_value
+from .batches import batch_size_of, detach
+from .meters import is_stateful_metric, metric_friendly, metric_update_fn, scalar_metric_value
+from .parts import ModelParts, check_loss_fn
 
 STAGES = ("train", "val", "test")
 
 
-class LightModel(pl.LightningModule):
+class LightModel(ModelParts, pl.LightningModule):
     """A ``LightningModule`` built from a net, a loss, a dict of metrics and an optimizer.
 
     Example::
@@ -73,16 +72,8 @@ class LightModel(pl.LightningModule):
                  optimizer: Optional[torch.optim.Optimizer] = None, lr_scheduler: Optional[Any] = None,
                  lr_scheduler_interval: str = "epoch"):
         super().__init__()
-        check_model_parts(net, loss_fn, lr_scheduler, lr_scheduler_interval)
-        if loss_fn is None and type(self).forward_batch is LightModel.forward_batch:
-            raise ValueError("LightModel has no loss_fn. Pass one, e.g. LightModel(net, loss_fn=nn.CrossEntropyLoss()), "
-                             "or override forward_batch to compute the loss yourself.")
-        self.net = net
-        self.loss_fn = loss_fn
-        self.metrics_dict = check_metrics(metrics_dict)
-        self.optimizer = optimizer if optimizer is not None else torch.optim.Adam(net.parameters(), lr=1e-3)
-        self.lr_scheduler = lr_scheduler
-        self.lr_scheduler_interval = lr_scheduler_interval
+        self.set_parts(net, loss_fn, metrics_dict, optimizer, lr_scheduler, lr_scheduler_interval)
+        check_loss_fn(self)
 
         # One copy of each stateful metric per stage, keyed by its logged name ("val_acc").
         # torchmetrics copies sit in a ModuleDict: Lightning moves them with the model and
@@ -100,20 +91,10 @@ class LightModel(pl.LightningModule):
                     self.custom_metrics[f"{stage}_{name}"] = copy.deepcopy(metric)
         self.samples_seen = dict.fromkeys(STAGES, 0)  # this process's samples in the current epoch
 
-    # -- the step: override these for custom batches, as in KerasModel -------------------
+    # forward_batch and predict_batch come from ModelParts: override them for custom
+    # batches, as in KerasModel.
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.net(*args, **kwargs)
-
-    def forward_batch(self, batch: Any) -> tuple[torch.Tensor, Any, Any]:
-        """Turn one batch into ``(loss, preds, labels)``; ``loss`` is the batch mean."""
-        args, kwargs, labels = split_batch(batch)
-        preds = self.net(*args, **kwargs)
-        return self.loss_fn(preds, labels), preds, labels
-
-    def predict_batch(self, batch: Any) -> Any:
-        """The net's output for one batch; labels in the batch, if any, are ignored."""
-        args, kwargs = split_inputs(batch)
         return self.net(*args, **kwargs)
 
     # -- Lightning's steps ---------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from .distributed import compute_metric, prepare_metric_for_processes
+from .metric_sync import compute_metric, exact_sum_dtype, prepare_metric_for_processes
 
 # How many steps of outputs are held before the metrics see them. Bounded so a big
 # model's outputs do not pile up; any read flushes earlier.
@@ -127,8 +127,7 @@ class EpochMeters:
     def __init__(self, prefix: str, metrics_dict: dict, device: torch.device, reduce_fn: Optional[Callable] = None):
         self.prefix = prefix
         self.device = device
-        # float64 sums where the device has them, so long epochs add up exactly.
-        self.sum_dtype = torch.float32 if device.type == "mps" else torch.float64
+        self.sum_dtype = exact_sum_dtype(device)
         self.meters = {
             name: _StatefulMeter(m, device, reduce_fn) if is_stateful_metric(m) else _FunctionMeter(m, device, self.sum_dtype)
             for name, m in metrics_dict.items()
@@ -197,7 +196,7 @@ class EpochMeters:
         values = [loss_sum / count.clamp_min(1)]
         for name, meter in self.meters.items():
             value = function_values[name] if name in function_values else _stateful_value(meter, name, synced)
-            values.append(value.detach().to(self.device, torch.float64 if self.sum_dtype == torch.float64 else torch.float32))
+            values.append(value.detach().to(self.device, self.sum_dtype))
         floats = torch.stack(values).tolist()
         return dict(zip(self.names, floats))
 

@@ -1,13 +1,15 @@
 """``KerasModel``: a net, a loss, metrics and an optimizer, trained with one ``fit`` call.
 
-This class holds the user's objects and the arguments; the work is delegated:
-:mod:`~kerastorch.runtime` chooses devices and precision, :mod:`~kerastorch.loop`
-runs the epochs, :mod:`~kerastorch.callbacks` hold every optional behaviour and
+This class holds the user's objects and turns ``fit``'s keywords into settings; the work
+is elsewhere: :mod:`~kerastorch.run` runs a fit (plan, runtime, loop, history),
+:mod:`~kerastorch.step` the training step, :mod:`~kerastorch.evaluation` evaluate and
+predict, :mod:`~kerastorch.callbacks` every optional behaviour and
 :mod:`~kerastorch.checkpoint` reads and writes weights.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable
 from typing import Any, Optional, Sequence, Union
@@ -15,23 +17,30 @@ from typing import Any, Optional, Sequence, Union
 import pandas as pd
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
-from . import checks
-from .batches import split_batch, split_inputs
-from .callbacks import CallbackList, EarlyStopping, ProgressBar, RestoreBestWeights, TerminateOnNaN
-from .callbacks.training_state import TrainingState, resumed_history, training_state_path
+from . import evaluation, run
 from .checkpoint import load_weights, save_weights, unwrap
-from .distributed import process_share
-from .launch import NeedsProcesses, fit_in_processes
-from .loop import StepSettings, evaluate_epoch, fit_loop, predict_outputs
-from .meters import EpochMeters, check_metrics
-from .model_parallel import is_model_parallel, labels_to_outputs, model_parallel_runtime
-from .placement import place_model
-from .runtime import Runtime, build_runtime, runtime_for_net
+from .parts import ModelParts
+from .runtime import Runtime
+from .settings import fit_settings
+from .step import StepRunner
 
 
-class KerasModel:
+class KerasModel(ModelParts):
     """Train a PyTorch ``net`` the Keras way.
+
+    Args:
+        net: the ``torch.nn.Module`` to train.
+        loss_fn: called as ``loss_fn(preds, labels)``, returning the batch mean (e.g.
+            ``nn.CrossEntropyLoss()``). Needed unless :meth:`forward_batch` is overridden.
+        metrics_dict: ``{name: metric}``; a metric is a torchmetrics ``Metric``, a module with
+            ``forward``/``compute``/``reset`` (torchkeras's pattern) or a function
+            ``f(preds, labels) -> tensor``. Logged as ``train_<name>`` and ``val_<name>``.
+        optimizer: a ``torch.optim.Optimizer`` over the net's parameters (default: Adam, lr=1e-3).
+        lr_scheduler: a ``torch.optim.lr_scheduler`` object over that optimizer, or None.
+        lr_scheduler_interval: ``"epoch"`` (default) or ``"step"``: when the scheduler steps.
+            ``ReduceLROnPlateau`` steps per epoch with the monitored value.
 
     Example::
 
@@ -43,41 +52,18 @@ class KerasModel:
         model.predict(dl_test)     # a CPU tensor of outputs, rows in data order
 
     For a batch layout or a loss that the defaults do not cover, subclass and override
-    :meth:`forward_batch` (and :meth:`predict_batch` for ``predict``).
+    :meth:`forward_batch` (and :meth:`predict_batch` for ``predict``); for a custom update
+    (two optimizers, a GAN), override :meth:`train_step`.
     """
 
     def __init__(self, net: nn.Module, loss_fn: Optional[Any] = None, metrics_dict: Optional[dict] = None,
                  optimizer: Optional[torch.optim.Optimizer] = None, lr_scheduler: Optional[Any] = None,
                  lr_scheduler_interval: str = "epoch"):
-        checks.check_model_parts(net, loss_fn, lr_scheduler, lr_scheduler_interval)
-        self.net = net
-        self.loss_fn = loss_fn
-        self.metrics_dict = check_metrics(metrics_dict)
-        self.optimizer = optimizer if optimizer is not None else torch.optim.Adam(net.parameters(), lr=1e-3)
-        self.lr_scheduler = lr_scheduler
-        self.lr_scheduler_interval = lr_scheduler_interval
+        self.set_parts(net, loss_fn, metrics_dict, optimizer, lr_scheduler, lr_scheduler_interval)
         self.history = pd.DataFrame()
         self.stop_training = False
         self.runtime: Optional[Runtime] = None
-
-    # -- the step: override these for custom batches ---------------------------------
-
-    def forward_batch(self, batch: Any) -> tuple[torch.Tensor, Any, Any]:
-        """Turn one batch into ``(loss, preds, labels)``; ``loss`` is the batch mean.
-
-        The default reads ``(x, y)``, ``(x1, ..., xn, y)`` or a dict with a ``labels``
-        key, calls the net and ``loss_fn``. Override it for anything else; fit, evaluate,
-        the meters and the callbacks all go through it.
-        """
-        args, kwargs, labels = split_batch(batch)
-        preds = self.net(*args, **kwargs)
-        labels = labels_to_outputs(labels, preds)  # a model-parallel net's output may be on another device
-        return self.loss_fn(preds, labels), preds, labels
-
-    def predict_batch(self, batch: Any) -> Any:
-        """The net's output for one batch; labels in the batch, if any, are ignored."""
-        args, kwargs = split_inputs(batch)
-        return self.net(*args, **kwargs)
+        self.step_runner: Optional[StepRunner] = None  # set while fit trains
 
     # -- training --------------------------------------------------------------------
 
@@ -85,146 +71,133 @@ class KerasModel:
             patience: Optional[int] = 5, monitor: Optional[str] = None, mode: str = "min", min_delta: float = 0.0,
             ckpt_path: Optional[Union[str, os.PathLike]] = None, resume: bool = False,
             callbacks: Optional[Sequence] = None,
-            verbose: int = 1, plot: bool = False, quiet: Optional[bool] = None, wandb: bool = False,
-            accelerator: str = "auto", devices: Any = "auto", precision: Any = "32-true",
+            verbose: int = 1, plot: bool = False, quiet: Optional[bool] = None, wandb: Union[bool, dict] = False,
+            accelerator: str = "auto", devices: Any = "auto", precision: Any = "32-true", strategy: str = "auto",
             mixed_precision: Optional[str] = None, cpu: bool = False, gradient_accumulation_steps: int = 1,
             gradient_clip_val: Optional[float] = None, gradient_clip_algorithm: str = "norm") -> pd.DataFrame:
         """Train for ``epochs`` epochs and return the history, one row per epoch.
 
         Columns: ``epoch`` (1-based), ``train_loss``, ``train_<metric>``, ``lr``, ``val_loss``,
-        ``val_<metric>``. Values are exact over each epoch's samples. ``monitor`` (default
-        ``val_loss``, or ``train_loss`` without ``val_data``) picks the best epoch, whose
-        weights are in ``net`` when fit returns; ``patience`` epochs without improvement
-        stop training (``patience=None`` never stops early). Ctrl-C stops cleanly and
-        returns the history so far.
+        ``val_<metric>``; values are exact over each epoch's samples. The best epoch's weights
+        are in ``net`` when fit returns — also after early stopping, a NaN loss or Ctrl-C
+        (which returns the history so far).
 
-        ``resume=True`` (with ``ckpt_path``) writes the whole training state to
-        ``ckpt_path + ".state"`` after every epoch and, when that file exists, continues
-        from it: a run killed at any moment and started again ends as if never stopped
-        (see :class:`~kerastorch.callbacks.TrainingState`).
+        Args:
+            train_data: a DataLoader (or any re-iterable of batches) of ``(x, y)``,
+                ``(x1, ..., xn, y)`` or dicts with a ``labels`` key.
+            val_data: batches like ``train_data``, evaluated after every epoch; or None.
+            epochs: how many epochs to train (a resumed run counts the ones already done).
+            patience: stop after this many epochs without improvement of ``monitor``;
+                None never stops early.
+            monitor: the history column that picks the best epoch (default ``val_loss``, or
+                ``train_loss`` without ``val_data``). Checked before the first batch.
+            mode: ``"min"`` (lower is better, a loss) or ``"max"`` (an accuracy).
+            min_delta: the smallest change that counts as an improvement.
+            ckpt_path: also write the best weights to this file (safetensors, atomically).
+            resume: with ``ckpt_path``, write the whole training state to ``ckpt_path + ".state"``
+                after every epoch and continue from it when it exists (see
+                :class:`~kerastorch.callbacks.TrainingState`).
+            callbacks: a list of :class:`~kerastorch.Callback` (or torchkeras-style callbacks).
+            verbose: 0 silent, 1 progress bars, 2 one line per epoch.
+            plot: redraw the history plot after every epoch (:class:`~kerastorch.LivePlot`).
+            quiet: torchkeras's word: ``quiet=True`` is ``verbose=0``.
+            wandb: log to Weights & Biases (True, or a dict of ``WandbLogger`` arguments).
+            accelerator: ``"auto"``, ``"cpu"``, ``"gpu"``, ``"cuda"`` or ``"mps"`` (Lightning's words).
+            devices: ``k``, ``-1``, ``[0, 2]``, ``"0, 2"``, ``"auto"``...: see :func:`~kerastorch.parse_devices`.
+                k > 1 from a notebook or plain python starts k processes and loads the result
+                back into this model; under ``torchrun`` / ``accelerate launch`` fit runs as one rank.
+            precision: ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"16-true"``, ``"bf16-true"``,
+                ``"64-true"`` or the aliases ``32``, ``64``, ``16``, ``"bf16"``.
+            strategy: how several processes train: ``"auto"`` or ``"ddp"`` (DistributedDataParallel).
+            mixed_precision: torchkeras's word: ``"no"``, ``"fp16"`` or ``"bf16"``.
+            cpu: torchkeras's word: ``cpu=True`` is ``accelerator="cpu"``.
+            gradient_accumulation_steps: update once every this many batches (4 batches of b
+                update like one batch of 4b).
+            gradient_clip_val: clip gradients to this norm (or value); None does not clip.
+            gradient_clip_algorithm: ``"norm"`` or ``"value"``.
 
-        ``accelerator``, ``devices`` and ``precision`` take Lightning's words;
-        torchkeras's ``mixed_precision``, ``cpu``, ``quiet`` and ``ckpt_path`` work too.
-        ``devices=k`` (k > 1) from a notebook or plain python starts k processes and loads
-        the result back into this model (:mod:`kerastorch.launch`); in a script started by
-        ``torchrun`` or ``accelerate launch``, fit runs as one rank of that job.
+        Returns:
+            The history, a pandas DataFrame (also kept as ``model.history``).
         """
-        fit_arguments = dict(locals())  # this very call, replayed by each process fit_in_processes starts
-        del fit_arguments["self"]
-        if quiet is not None:
-            verbose = 0 if quiet else verbose
-        monitor = monitor or ("val_loss" if val_data is not None else "train_loss")
-        checks.check_fit_arguments(self, train_data, val_data, epochs, patience, monitor, mode,
-                                   gradient_accumulation_steps, gradient_clip_val, gradient_clip_algorithm,
-                                   ckpt_path, verbose, resume=resume, callbacks=callbacks)
-        if devices == "auto" and is_model_parallel(self.net):
-            devices = 1  # the user placed the net's pieces; it trains in this one process
-        try:
-            runtime = build_runtime(accelerator, devices, precision, mixed_precision, cpu)
-        except NeedsProcesses as request:  # devices=k from a notebook or plain python
-            needs_processes = request
-        else:
-            needs_processes = None
-        if needs_processes is not None:  # outside the except block, so the workers' errors do not chain to it
-            return fit_in_processes(self, needs_processes, fit_arguments)
-        if is_model_parallel(self.net):
-            runtime = model_parallel_runtime(self, runtime, train_data)
-        self.runtime = runtime
-        try:
-            self._place_net(runtime)
-            checks.check_first_batch(self, train_data, runtime, "train_data")
-            with process_share(self, runtime, train_data, val_data) as (train_data, val_data):
-                if not runtime.is_main_process:  # one process prints and draws
-                    verbose, plot, wandb = 0, False, False
-                meters = {"train": EpochMeters("train", self.metrics_dict, runtime.outputs_device, runtime.reduce_sum),
-                          "val": EpochMeters("val", self.metrics_dict, runtime.outputs_device, runtime.reduce_sum)}
-                callback_list = self._callbacks_for_run(
-                    callbacks, train_data, val_data, epochs, patience, monitor, mode, min_delta, ckpt_path, resume,
-                    verbose, plot, wandb)
-                settings = StepSettings(gradient_accumulation_steps, gradient_clip_val, gradient_clip_algorithm,
-                                        self.lr_scheduler_interval, monitor)
-                if verbose:
-                    self.print(runtime.describe())
-                return self._run(train_data, val_data, runtime, callback_list, meters, settings, epochs)
-        finally:
-            runtime.teardown()
-
-    def _run(self, train_data, val_data, runtime, callbacks, meters, settings, epochs) -> pd.DataFrame:
-        rows: list[dict] = []
-        self.stop_training = False
-        callbacks.call("on_train_begin", {})
-        rows.extend(resumed_history(callbacks))
-        try:
-            if not self.stop_training:  # a resumed run that had already stopped early stays stopped
-                fit_loop(self, train_data, val_data, runtime, callbacks, meters, settings, epochs, rows,
-                         first_epoch=rows[-1]["epoch"] + 1 if rows else 1)
-        except KeyboardInterrupt:
-            self.print(f"Interrupted during epoch {len(rows) + 1}: returning the history of the {len(rows)} "
-                       "finished epoch(s) with the best weights restored.")
-        finally:
-            self.history = history_frame(rows)
-            callbacks.call("on_train_end", rows[-1] if rows else {})
+        settings = fit_settings(
+            has_val_data=val_data is not None, scheduler_interval=self.lr_scheduler_interval, epochs=epochs,
+            patience=patience, monitor=monitor, mode=mode, min_delta=min_delta, ckpt_path=ckpt_path, resume=resume,
+            callbacks=callbacks, verbose=verbose, plot=plot, quiet=quiet, wandb=wandb, accelerator=accelerator,
+            devices=devices, precision=precision, mixed_precision=mixed_precision, cpu=cpu, strategy=strategy,
+            gradient_accumulation_steps=gradient_accumulation_steps, gradient_clip_val=gradient_clip_val,
+            gradient_clip_algorithm=gradient_clip_algorithm)
+        self.history = run.fit(self, train_data, val_data, settings)
         return self.history
 
-    def _callbacks_for_run(self, callbacks, train_data, val_data, epochs, patience, monitor, mode, min_delta,
-                           ckpt_path, resume, verbose, plot, wandb) -> CallbackList:
-        """fit's own callbacks, the user's, the training state (it keeps theirs) and the progress bar, in that order."""
-        builtins = self._builtin_callbacks(patience, monitor, mode, min_delta, ckpt_path, verbose, plot, wandb)
-        chain = [*builtins[:-1], *(callbacks or [])]
-        if resume:
-            chain.append(TrainingState(training_state_path(ckpt_path), chain, (train_data, val_data),
-                                       verbose=int(verbose > 0)))
-        params = {"epochs": epochs, "steps": _length(train_data), "verbose": verbose, "monitor": monitor,
-                  "mode": mode, "metrics": checks.run_names(self.metrics_dict, val_data is not None),
-                  "ckpt_path": ckpt_path}
-        return CallbackList([*chain, builtins[-1]], self, params)
+    # -- the training step: override train_step for a custom update ---------------------
 
-    def _builtin_callbacks(self, patience, monitor, mode, min_delta, ckpt_path, verbose, plot, wandb) -> list:
-        """What fit's own arguments switch on. The last one is drawn last (the progress bar)."""
-        builtins: list = [TerminateOnNaN(verbose=int(verbose > 0)),
-                          RestoreBestWeights(monitor, mode, min_delta, ckpt_path=ckpt_path)]
-        if patience is not None:
-            builtins.append(EarlyStopping(monitor, mode, patience, min_delta, verbose=int(verbose > 0)))
-        if plot:
-            from .plots import LivePlot
+    def train_step(self, batch: Any) -> tuple[torch.Tensor, Any, Any]:
+        """One training step on a batch already on the device; returns ``(loss, preds, labels)``.
 
-            builtins.append(LivePlot(monitor=monitor, mode=mode))
-        if wandb:
-            from .callbacks.wandb_logger import WandbLogger
+        The default: :meth:`forward_batch` under :meth:`autocast`, :meth:`backward`, then
+        :meth:`optimizer_step`. Override it for an update of your own (two optimizers, a
+        GAN), using the same three calls, which keep gradient accumulation, mixed precision,
+        clipping, the scheduler and the callbacks' step hooks working. The returned loss
+        and outputs feed ``train_loss`` and the train metrics.
 
-            builtins.append(WandbLogger(**(wandb if isinstance(wandb, dict) else {})))
-        builtins.append(ProgressBar(verbose=verbose))
-        return builtins
+        Example::
 
-    def _place_net(self, runtime: Runtime) -> None:
-        spread = is_model_parallel(self.net)  # the user placed its pieces: only their dtype may change
-        place_model(self.net, self.loss_fn, self.optimizer, runtime, move_net=not spread)
-        if spread and isinstance(self.loss_fn, nn.Module):
-            self.loss_fn.to(runtime.outputs_device)  # the loss meets the outputs where they come out
+            class TwoOptimizers(kt.KerasModel):
+                def train_step(self, batch):
+                    with self.autocast():
+                        loss, preds, labels = self.forward_batch(batch)
+                    self.backward(loss)
+                    self.optimizer_step(self.optimizer)
+                    self.optimizer_step(self.head_optimizer)
+                    return loss, preds, labels
+        """
+        with self.autocast():
+            loss, preds, labels = self.forward_batch(batch)
+        self.backward(loss)
+        self.optimizer_step()
+        return loss, preds, labels
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of a batch's loss, inside :meth:`train_step` (scaled and accumulated as fit was asked)."""
+        self._running_step("backward").backward(loss)
+
+    def optimizer_step(self, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
+        """Step ``optimizer`` (default: the model's) inside :meth:`train_step`, when an accumulation group ends."""
+        self._running_step("optimizer_step").optimizer_step(optimizer)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The run's mixed-precision context for the forward pass and the loss (a no-op in full precision)."""
+        return self._running_step("autocast").runtime.autocast()
+
+    def _running_step(self, name: str) -> StepRunner:
+        if self.step_runner is None:
+            raise RuntimeError(f"model.{name}() works inside train_step while fit trains; it was called outside fit.")
+        return self.step_runner
 
     # -- using a trained model ---------------------------------------------------------
 
     def evaluate(self, data: Iterable, quiet: bool = False) -> dict[str, float]:
-        """Loss and metrics over ``data`` (eval mode, no gradients): ``{"val_loss": ..., "val_<m>": ...}``."""
-        checks.check_loader(data, "data")
-        checks.check_loss_fn(self)
-        runtime = runtime_for_net(self.net)
-        if is_model_parallel(self.net):
-            runtime = model_parallel_runtime(self, runtime, data)
-        meters = EpochMeters("val", self.metrics_dict, runtime.outputs_device)
-        callbacks = CallbackList([ProgressBar(verbose=0 if quiet else 1)], self, {"epochs": 1, "steps": _length(data)})
-        logs = evaluate_epoch(self, data, runtime, meters, callbacks)
-        if not quiet:
-            self.print(", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
-        return logs
+        """Loss and metrics over ``data``, in eval mode, without gradients.
+
+        Args:
+            data: batches like fit's ``val_data``.
+            quiet: print nothing (by default a progress bar and the values are shown).
+
+        Returns:
+            ``{"val_loss": ..., "val_<metric>": ...}``, exact over the samples.
+        """
+        return evaluation.evaluate(self, data, quiet)
 
     def predict(self, data: Iterable) -> Any:
-        """The net's outputs for ``data``, on the CPU, rows in data order (eval mode, no gradients).
+        """The net's outputs for ``data``, in eval mode, without gradients.
 
-        ``data`` may be fit's loaders (labels are ignored) or loaders of inputs only.
+        Args:
+            data: fit's loaders (labels are ignored) or loaders of inputs only.
+
+        Returns:
+            The outputs on the CPU, rows in data order (a tensor, or the net's structure of tensors).
         """
-        checks.check_loader(data, "data")
-        return predict_outputs(self, data, runtime_for_net(self.net))
+        return evaluation.predict(self, data)
 
     # -- weights ---------------------------------------------------------------------------
 
@@ -254,24 +227,7 @@ class KerasModel:
     def print(self, *args: Any) -> None:
         """Print once (on the main process), without breaking a progress bar."""
         if self.is_main_process:
-            from tqdm.auto import tqdm
-
             tqdm.write(" ".join(str(a) for a in args))
 
 
-def history_frame(rows: list[dict]) -> pd.DataFrame:
-    """One row per epoch; a fresh frame, so later epochs never change one already returned."""
-    frame = pd.DataFrame(rows)
-    if "epoch" in frame:
-        frame["epoch"] = frame["epoch"].astype(int)
-    return frame
-
-
-def _length(data: Any) -> Optional[int]:
-    try:
-        return len(data)
-    except TypeError:
-        return None
-
-
-__all__ = ["KerasModel", "history_frame"]
+__all__ = ["KerasModel"]

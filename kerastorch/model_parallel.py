@@ -20,7 +20,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from accelerate.utils import send_to_device
+
 from .batches import first_tensor
+from .data import dry_run_first_batch
 
 
 def parameter_devices(net: nn.Module) -> list[torch.device]:
@@ -56,26 +59,11 @@ def input_device(net: nn.Module) -> torch.device:
 
 def output_device(model, data: Any) -> torch.device:
     """Where the net's outputs come out: one batch through it, in eval mode, without gradients."""
-    from .checks import _rng_untouched
-
-    with _rng_untouched(data):
-        iterator = iter(data)
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            raise ValueError("The data produced no batches. Check the dataset's size, batch_size and "
-                             "drop_last.") from None
-        finally:
-            del iterator
-    was_training = model.net.training
-    model.net.eval()
-    try:
-        with torch.no_grad():
-            outputs = model.predict_batch(_to(batch, input_device(model.net)))
-    finally:
-        model.net.train(was_training)
+    first_device = input_device(model.net)
+    outputs = dry_run_first_batch(model.net, data, "The data",
+                                  lambda batch: model.predict_batch(send_to_device(batch, first_device)))
     found = first_tensor(outputs)
-    return found.device if found is not None else input_device(model.net)
+    return found.device if found is not None else first_device
 
 
 def model_parallel_runtime(model, runtime, data: Any):
@@ -93,9 +81,3 @@ def labels_to_outputs(labels: Any, preds: Any) -> Any:
     if out is None or not isinstance(labels, torch.Tensor) or labels.device == out.device:
         return labels
     return labels.to(out.device, non_blocking=True)
-
-
-def _to(batch: Any, device: torch.device) -> Any:
-    from .runtime import _map_tensors
-
-    return _map_tensors(batch, lambda t: t.to(device))

@@ -16,7 +16,9 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from .runtime import TRUE_PRECISION_OF, Runtime, uniform_floating_dtype
+from .model_parallel import is_model_parallel
+from .options import TRUE_PRECISION_OF
+from .runtime import Runtime, uniform_floating_dtype
 
 
 def place_model(net: nn.Module, loss_fn: Any, optimizer: Optional[torch.optim.Optimizer], runtime: Runtime,
@@ -75,3 +77,11 @@ def match_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
                 continue
             if value.dtype != param.dtype or value.device != param.device:
                 state[key] = value.to(device=param.device, dtype=param.dtype)
+
+
+def place_parts(model: Any, runtime: Runtime) -> None:
+    """The model's net and loss on the run's device and dtype; a model-parallel net keeps its pieces' devices."""
+    spread = is_model_parallel(model.net)  # the user placed its pieces: only their dtype may change
+    place_model(model.net, model.loss_fn, model.optimizer, runtime, move_net=not spread)
+    if spread and isinstance(model.loss_fn, nn.Module):
+        model.loss_fn.to(runtime.outputs_device)  # the loss meets the outputs where they come out

@@ -24,6 +24,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
+from .cuda_devices import mps_available
 
 # Where a loader keeps what decides its data order: the loader itself, its sampler and
 # batch sampler, and the loaders and samplers that wrappers (accelerate's prepared
@@ -97,7 +98,7 @@ def capture_rng_state(loaders: Iterable[Any] = ()) -> dict:
                   "has_gauss": int(has_gauss), "gauss": float(gauss)},
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "mps": torch.mps.get_rng_state() if _mps_available() else None,
+        "mps": torch.mps.get_rng_state() if mps_available() else None,
         "data_order": [[g.get_state() for g in data_order_generators(loader)] for loader in loaders],
         "data_counters": [data_order_counters(loader) for loader in loaders],
     }
@@ -118,7 +119,7 @@ def restore_rng_state(state: dict, loaders: Iterable[Any] = ()) -> None:
         else:
             warnings.warn("The saved run used a different number of CUDA devices; their random state is not restored, "
                           "so dropout on the GPU will not repeat the saved run exactly.", stacklevel=2)
-    if state.get("mps") is not None and _mps_available():
+    if state.get("mps") is not None and mps_available():
         torch.mps.set_rng_state(state["mps"])
     loaders = list(loaders)
     for loader, counters in zip(loaders, state.get("data_counters", [])):
@@ -140,10 +141,6 @@ def _as_tuples(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return tuple(_as_tuples(o) for o in obj)
     return obj
-
-
-def _mps_available() -> bool:
-    return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
 
 
 __all__ = ["capture_rng_state", "data_order_counters", "data_order_generators", "restore_rng_state"]

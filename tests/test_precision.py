@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import kerastorch as kt
 from kerastorch.examples import digits_datasets
-from kerastorch.runtime import PRECISIONS, parse_precision
+from kerastorch.options import PRECISIONS, parse_precision
 
 HAS_CUDA = torch.cuda.device_count() > 0  # counted through NVML: does not initialise CUDA in this process
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")

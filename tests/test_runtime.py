@@ -15,7 +15,8 @@ import torch
 
 import kerastorch as kt
 from kerastorch.cuda_devices import _probe_in_child_process, cuda_visible_devices, visible_device_entries
-from kerastorch.runtime import choose_devices, parse_accelerator, parse_devices
+from kerastorch.options import parse_devices
+from kerastorch.plan import choose_devices, parse_accelerator
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_CUDA = torch.cuda.device_count() > 0  # counted through NVML: does not initialise CUDA in this process
@@ -202,7 +203,7 @@ def test_find_usable_one_leaves_cuda_uninitialised_in_the_caller():
 
 FORK_AFTER_CHOOSING = """
 import os, torch, kerastorch as kt
-from kerastorch.runtime import choose_devices, parse_accelerator
+from kerastorch.plan import choose_devices, parse_accelerator
 device_type = parse_accelerator("gpu")
 chosen = choose_devices(-1, device_type)
 usable = kt.find_usable_cuda_devices(1)

@@ -5,11 +5,13 @@
 """
 
 from .adapters import TorchkerasCallback
-from .base import Callback, CallbackList
+from .base import Callback
 from .best_weights import RestoreBestWeights
+from .callback_list import CallbackList
 from .csv_logger import CSVLogger
 from .early_stopping import EarlyStopping
 from .lambda_callback import LambdaCallback
+from .live_plot import LivePlot
 from .lr_scheduler import LearningRateScheduler
 from .model_checkpoint import ModelCheckpoint
 from .monitor import MonitorCallback
@@ -26,6 +28,7 @@ __all__ = [
     "EarlyStopping",
     "LambdaCallback",
     "LearningRateScheduler",
+    "LivePlot",
     "ModelCheckpoint",
     "MonitorCallback",
     "ProgressBar",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 
 class Callback:
@@ -18,6 +18,17 @@ class Callback:
     Per-step ``logs`` are read from the device only if you look at them, so a
     callback that reads ``logs["train_loss"]`` every step pays a host sync every step.
 
+    Inside the training step, as in Lightning and fastai: ``on_before_backward(loss)``,
+    ``on_after_backward()`` (gradients are there), ``on_before_optimizer_step(optimizer)``
+    (gradients unscaled under 16-mixed, not yet clipped) and ``on_after_optimizer_step(optimizer)``
+    (weights updated). The loop calls a hook only if some callback overrides it, so an
+    unused hook costs nothing per step.
+
+    Callbacks run in the order of their ``order`` attribute (lower first; ties keep the
+    order they were given in): fit's own watchers (NaN, best weights, early stopping)
+    come before yours (``order = 0``), the training state after them and the progress
+    bar last.
+
     Example::
 
         class StopAtEpoch(kt.Callback):
@@ -30,6 +41,7 @@ class Callback:
 
     model: Any = None
     params: dict = {}
+    order: int = 0
 
     def set_model(self, model: Any) -> None:
         self.model = model
@@ -47,6 +59,10 @@ class Callback:
     def on_test_end(self, logs: Optional[dict] = None) -> None: ...
     def on_test_batch_begin(self, batch: int, logs: Optional[dict] = None) -> None: ...
     def on_test_batch_end(self, batch: int, logs: Optional[dict] = None) -> None: ...
+    def on_before_backward(self, loss: Any) -> None: ...
+    def on_after_backward(self) -> None: ...
+    def on_before_optimizer_step(self, optimizer: Any) -> None: ...
+    def on_after_optimizer_step(self, optimizer: Any) -> None: ...
 
     def state_dict(self) -> dict:
         """What this callback must remember across a resumed run (plain values and tensors)."""
@@ -57,34 +73,20 @@ class Callback:
 
 
 HOOKS = [name for name in vars(Callback) if name.startswith("on_")]
-PER_STEP_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_test_batch_begin", "on_test_batch_end")
+PER_STEP_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_test_batch_begin", "on_test_batch_end",
+                  "on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_after_optimizer_step")
+
+# Where fit's own callbacks stand among the user's (order 0).
+ORDER_WATCH_NAN = -30
+ORDER_BEST_WEIGHTS = -20
+ORDER_EARLY_STOPPING = -10
+ORDER_DISPLAY = -5  # the live plot and experiment loggers fit adds from plot= and wandb=
+ORDER_TRAINING_STATE = 90  # after every callback whose state it keeps
+ORDER_PROGRESS = 100  # drawn last, once every other callback has spoken
 
 
-class CallbackList:
-    """Calls a hook on every callback, in order. Per-step hooks are called only on the
-    callbacks that override them, so an unused hook costs nothing per step."""
-
-    def __init__(self, callbacks: Iterable[Any], model: Any, params: dict):
-        from .adapters import as_callback
-
-        self.callbacks = [as_callback(cb) for cb in callbacks]
-        for cb in self.callbacks:
-            cb.set_model(model)
-            cb.set_params(params)
-        self._listeners = {hook: [getattr(cb, hook) for cb in self.callbacks if _overrides(cb, hook)] for hook in HOOKS}
-
-    def wants(self, hook: str) -> bool:
-        return bool(self._listeners[hook])
-
-    def call(self, hook: str, *args: Any) -> None:
-        for fn in self._listeners[hook]:
-            fn(*args)
-
-    def __iter__(self):
-        return iter(self.callbacks)
-
-
-def _overrides(cb: Any, hook: str) -> bool:
-    # Looked up on the instance, so hooks set as attributes (LambdaCallback) count too.
+def overrides(cb: Any, hook: str) -> bool:
+    """True when ``cb`` implements ``hook`` itself (looked up on the instance, so hooks set
+    as attributes, as LambdaCallback does, count too)."""
     impl = getattr(cb, hook, None)
     return impl is not None and getattr(impl, "__func__", impl) is not getattr(Callback, hook)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-
 from ..checkpoint import cpu_state_dict, save_weights, unwrap
+from .base import ORDER_BEST_WEIGHTS
 from .monitor import MonitorCallback
 from .terminate_on_nan import losses_are_finite
 
@@ -19,6 +19,8 @@ class RestoreBestWeights(MonitorCallback):
     the best weights are also written there (safetensors, atomically: a crash never leaves
     a half-written file). ``fit`` adds one of these to every run.
     """
+
+    order = ORDER_BEST_WEIGHTS
 
     def __init__(self, monitor: str = "val_loss", mode: str = "min", min_delta: float = 0.0, ckpt_path: Optional[str] = None, verbose: int = 0):
         super().__init__(monitor, mode, min_delta)

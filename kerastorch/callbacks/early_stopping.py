@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from .base import ORDER_EARLY_STOPPING
 from .monitor import MonitorCallback
 
 
@@ -18,6 +19,8 @@ class EarlyStopping(MonitorCallback):
         model.fit(dl_train, dl_val, epochs=50,
                   callbacks=[kt.callbacks.EarlyStopping("val_acc", mode="max", patience=3)])
     """
+
+    order = ORDER_EARLY_STOPPING
 
     def __init__(self, monitor: str = "val_loss", mode: str = "min", patience: int = 5, min_delta: float = 0.0, verbose: int = 1):
         super().__init__(monitor, mode, min_delta)

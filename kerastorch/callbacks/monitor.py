@@ -10,6 +10,21 @@ from .base import Callback
 MODES = ("min", "max")
 
 
+def improves(current: float, best: Optional[float], mode: str, min_delta: float = 0.0) -> bool:
+    """True when ``current`` is better than ``best`` by more than ``min_delta``; a NaN never is.
+
+    >>> improves(0.9, 0.8, "max"), improves(0.9, None, "min"), improves(float("nan"), None, "min")
+    (True, True, False)
+    """
+    if math.isnan(current):
+        return False
+    if best is None:
+        return True
+    if mode == "min":
+        return current < best - min_delta
+    return current > best + min_delta
+
+
 def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is not supported; use 'min' (lower is better, e.g. a loss) or 'max' (e.g. accuracy).")
@@ -40,13 +55,7 @@ class MonitorCallback(Callback):
         return float(logs[self.monitor])
 
     def is_improvement(self, current: float) -> bool:
-        if math.isnan(current):
-            return False
-        if self.best is None:
-            return True
-        if self.mode == "min":
-            return current < self.best - self.min_delta
-        return current > self.best + self.min_delta
+        return improves(current, self.best, self.mode, self.min_delta)
 
     def update_best(self, epoch: int, logs: dict) -> bool:
         """Record ``logs[monitor]`` if it improves on the best; return whether it did."""

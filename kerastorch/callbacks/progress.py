@@ -14,7 +14,10 @@ from __future__ import annotations
 import time
 from typing import Optional, TextIO
 
-from .base import Callback
+from tqdm.std import tqdm as text_tqdm
+
+from ..notebook import output_style
+from .base import ORDER_PROGRESS, Callback
 
 
 def format_logs(logs) -> str:
@@ -37,6 +40,7 @@ class ProgressBar(Callback):
     """
 
     STYLES = ("auto", "notebook", "terminal", "lines")
+    order = ORDER_PROGRESS
 
     def __init__(self, verbose: int = 1, mininterval: float = 0.5, style: str = "auto", file: Optional[TextIO] = None):
         if style not in self.STYLES:
@@ -61,8 +65,6 @@ class ProgressBar(Callback):
             return "lines"
         if self.style != "auto":
             return self.style
-        from ..notebook import output_style
-
         return output_style(self.file)
 
     def _new_bar(self, **kwargs):
@@ -73,8 +75,6 @@ class ProgressBar(Callback):
                 return notebook_tqdm(**kwargs)
             except ImportError:  # no ipywidgets: text bars, which Jupyter redraws fine
                 self._active_style = "terminal"
-        from tqdm.std import tqdm as text_tqdm
-
         return text_tqdm(file=self.file, dynamic_ncols=True, **kwargs)
 
     # -- hooks ------------------------------------------------------------------------------

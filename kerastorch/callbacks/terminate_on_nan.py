@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .base import Callback
+from .base import ORDER_WATCH_NAN, Callback
 
 
 def losses_are_finite(logs: dict) -> bool:
@@ -19,6 +19,8 @@ class TerminateOnNaN(Callback):
     no device sync. The NaN epoch is never the best one, so the weights restored at the
     end are the last finite best. ``fit`` adds one of these to every run.
     """
+
+    order = ORDER_WATCH_NAN
 
     def __init__(self, verbose: int = 1):
         self.verbose = verbose

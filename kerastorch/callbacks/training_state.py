@@ -36,7 +36,7 @@ from typing import Any, Iterable, Optional
 from ..checkpoint import cpu_state_dict, unwrap
 from ..rng import capture_rng_state, restore_rng_state
 from ..state_file import load_state_file, save_state_file, to_plain
-from .base import Callback
+from .base import ORDER_TRAINING_STATE, Callback
 from .monitor import MonitorCallback
 from .terminate_on_nan import losses_are_finite
 
@@ -56,6 +56,8 @@ class TrainingState(Callback):
     data whose shuffle order is kept. ``fit(ckpt_path=..., resume=True)`` builds one, placed
     after every callback whose state it keeps.
     """
+
+    order = ORDER_TRAINING_STATE
 
     def __init__(self, path: str | os.PathLike, callbacks: Iterable[Any] = (), loaders: Iterable[Any] = (),
                  resume: bool = True, verbose: int = 1):

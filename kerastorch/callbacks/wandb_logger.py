@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Optional
 
 from ..checkpoint import cpu_state_dict, save_weights
-from .base import Callback
+from .base import ORDER_DISPLAY, Callback
+from .monitor import improves
 
 
 def import_wandb() -> Any:
@@ -41,6 +41,8 @@ class WandbLogger(Callback):
                   callbacks=[WandbLogger(project="digits", mode="offline", dir="wandb_runs")])
     """
 
+    order = ORDER_DISPLAY
+
     def __init__(self, project: Optional[str] = None, name: Optional[str] = None, config: Optional[dict] = None,
                  log_weights: bool = False, **init_kwargs: Any):
         self.wandb = import_wandb()
@@ -67,7 +69,8 @@ class WandbLogger(Callback):
             return
         row = dict(logs)
         monitor = self.params.get("monitor")
-        if monitor in row and self._improves(row[monitor]):
+        value = row.get(monitor)
+        if value is not None and improves(value, self.best, self.params.get("mode", "min")):
             self.best = row[monitor]
             self.run.summary[f"best_{monitor}"] = self.best
             self.run.summary["best_epoch"] = epoch
@@ -104,13 +107,6 @@ class WandbLogger(Callback):
         return {"epochs": self.params.get("epochs"), "monitor": self.params.get("monitor"),
                 "mode": self.params.get("mode"), "optimizer": type(optimizer).__name__,
                 "lr": optimizer.param_groups[0]["lr"], "net": type(self.model.net).__name__}
-
-    def _improves(self, value: float) -> bool:
-        if value is None or math.isnan(value):
-            return False
-        if self.best is None:
-            return True
-        return value > self.best if self.params.get("mode") == "max" else value < self.best
 
 
 __all__ = ["WandbLogger", "import_wandb"]

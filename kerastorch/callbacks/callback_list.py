@@ -1,0 +1,37 @@
+"""``CallbackList``: every callback of a run, in order, called hook by hook."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator
+
+from .adapters import as_callback
+from .base import HOOKS, Callback, overrides
+
+
+class CallbackList:
+    """Calls a hook on every callback, sorted by their ``order`` attribute (stable).
+
+    A hook is called only on the callbacks that override it, so an unused hook costs
+    nothing, per step or otherwise; :meth:`wants` lets the loop skip even the call.
+    """
+
+    def __init__(self, callbacks: Iterable[Any], model: Any, params: dict):
+        wrapped = [as_callback(cb) for cb in callbacks]
+        self.callbacks: list[Callback] = sorted(wrapped, key=lambda cb: getattr(cb, "order", 0))
+        for cb in self.callbacks:
+            cb.set_model(model)
+            cb.set_params(params)
+        self._listeners = {hook: [getattr(cb, hook) for cb in self.callbacks if overrides(cb, hook)] for hook in HOOKS}
+
+    def wants(self, hook: str) -> bool:
+        return bool(self._listeners[hook])
+
+    def call(self, hook: str, *args: Any) -> None:
+        for fn in self._listeners[hook]:
+            fn(*args)
+
+    def __iter__(self) -> Iterator[Callback]:
+        return iter(self.callbacks)
+
+
+__all__ = ["CallbackList"]

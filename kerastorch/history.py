@@ -1,0 +1,31 @@
+"""The history's names and frames: one row per epoch, known column names before the first batch."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import pandas as pd
+
+
+def history_columns(metric_names: Iterable[str], has_val_data: bool) -> list[str]:
+    """The columns a run will produce after ``epoch``, known before the first batch.
+
+    >>> history_columns(["acc"], has_val_data=True)
+    ['train_loss', 'train_acc', 'lr', 'val_loss', 'val_acc']
+    """
+    metric_names = list(metric_names)
+    names = ["train_loss", *(f"train_{m}" for m in metric_names), "lr"]
+    if has_val_data:
+        names += ["val_loss", *(f"val_{m}" for m in metric_names)]
+    return names
+
+
+def history_frame(rows: list[dict]) -> pd.DataFrame:
+    """One row per epoch; a fresh frame, so later epochs never change one already returned."""
+    frame = pd.DataFrame(rows)
+    if "epoch" in frame:
+        frame["epoch"] = frame["epoch"].astype(int)
+    return frame
+
+
+__all__ = ["history_columns", "history_frame"]

@@ -1,0 +1,38 @@
+"""What the loop, the step and the run need from a model: a small Protocol, so that
+they are typed without importing :class:`~kerastorch.KerasModel` (which imports them)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Protocol
+
+import pandas as pd
+import torch
+
+
+class TrainableModel(Protocol):
+    """The parts and calls of a model that ``fit``, ``evaluate`` and ``predict`` use."""
+
+    net: torch.nn.Module
+    loss_fn: Optional[Any]
+    metrics_dict: dict
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: Optional[Any]
+    lr_scheduler_interval: str
+    stop_training: bool
+    history: pd.DataFrame
+    runtime: Optional[Any]
+    step_runner: Optional[Any]
+
+    @property
+    def is_main_process(self) -> bool: ...
+
+    def forward_batch(self, batch: Any) -> tuple[torch.Tensor, Any, Any]: ...
+
+    def predict_batch(self, batch: Any) -> Any: ...
+
+    def train_step(self, batch: Any) -> tuple[torch.Tensor, Any, Any]: ...
+
+    def print(self, *args: Any) -> None: ...
+
+
+__all__ = ["TrainableModel"]

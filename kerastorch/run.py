@@ -1,0 +1,163 @@
+"""One ``fit`` run: settings → plan → runtime → loop → history.
+
+:func:`fit` checks the settings, makes the :class:`~kerastorch.plan.Plan` and runs it:
+in this process (:func:`fit_here`), or in k forked workers that each run
+:func:`fit_here` as one rank and hand the main one's results back
+(:func:`~kerastorch.launch.run_in_workers`). ``KerasModel.fit`` only builds the
+settings from its keywords and keeps the history this returns.
+
+fit's own behaviours — the NaN guard, the best weights, early stopping, the live plot,
+Weights & Biases, the training state and the progress bar — are callbacks, chosen
+from the settings in :func:`callbacks_for_fit`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+import pandas as pd
+
+from .callbacks.best_weights import RestoreBestWeights
+from .callbacks.callback_list import CallbackList
+from .callbacks.early_stopping import EarlyStopping
+from .callbacks.live_plot import LivePlot
+from .callbacks.progress import ProgressBar
+from .callbacks.terminate_on_nan import TerminateOnNaN
+from .callbacks.training_state import TrainingState, resumed_history, training_state_path
+from .callbacks.wandb_logger import WandbLogger
+from .checkpoint import cpu_state_dict, unwrap
+from .checks import check_first_batch, check_fit
+from .data import num_batches
+from .distributed import process_share
+from .history import history_columns, history_frame
+from .launch import run_in_workers
+from .loop import fit_loop
+from .meters import EpochMeters
+from .model_parallel import is_model_parallel, model_parallel_runtime
+from .placement import place_parts
+from .plan import Plan, make_plan
+from .protocols import TrainableModel
+from .runtime import Runtime, build_runtime
+from .settings import FitSettings, OutputSettings
+from .step import StepRunner
+
+
+def fit(model: TrainableModel, train_data: Any, val_data: Optional[Any], settings: FitSettings) -> pd.DataFrame:
+    """Train ``model`` as ``settings`` say, wherever the plan says; return the history."""
+    check_fit(model, train_data, val_data, settings)
+    plan = make_plan(settings.devices, model.net)
+    if plan.where == "workers":
+        work = functools.partial(_fit_as_worker, model, train_data, val_data, settings, plan.for_worker())
+        return take_results(model, run_in_workers(plan, model.net, work))
+    return fit_here(model, train_data, val_data, settings, plan)
+
+
+def fit_here(model: TrainableModel, train_data: Any, val_data: Optional[Any], settings: FitSettings,
+             plan: Plan) -> pd.DataFrame:
+    """The run in this process: alone (``plan.where == "here"``) or as one rank of a job."""
+    runtime = build_runtime(plan)
+    if is_model_parallel(model.net):
+        runtime = model_parallel_runtime(model, runtime, train_data)
+    model.runtime = runtime
+    try:
+        place_parts(model, runtime)
+        check_first_batch(model, train_data, runtime, "train_data")
+        with process_share(model, runtime, train_data, val_data) as (train_loader, val_loader):
+            # One process prints, draws and logs.
+            output = settings.output if runtime.is_main_process else settings.output.silenced()
+            callbacks = callbacks_for_fit(model, settings, output, train_loader, val_loader)
+            meters = {stage: EpochMeters(stage, model.metrics_dict, runtime.outputs_device, runtime.reduce_sum)
+                      for stage in ("train", "val")}
+            steps = StepRunner(model, runtime, settings.step, callbacks)
+            if output.verbose:
+                model.print(runtime.describe())
+            return train_with_callbacks(model, train_loader, val_loader, runtime, callbacks, meters, steps,
+                                        settings.epochs)
+    finally:
+        runtime.teardown()
+
+
+def train_with_callbacks(model: TrainableModel, train_loader: Any, val_loader: Optional[Any], runtime: Runtime,
+                         callbacks: CallbackList, meters: dict[str, EpochMeters], steps: StepRunner,
+                         epochs: int) -> pd.DataFrame:
+    """The epochs between ``on_train_begin`` and ``on_train_end``; Ctrl-C returns the history so far."""
+    rows: list[dict] = []
+    model.stop_training = False
+    model.step_runner = steps  # what model.backward / model.optimizer_step use inside train_step
+    callbacks.call("on_train_begin", {})
+    rows.extend(resumed_history(callbacks))
+    try:
+        if not model.stop_training:  # a resumed run that had already stopped early stays stopped
+            fit_loop(model, train_loader, val_loader, runtime, callbacks, meters, steps, epochs, rows,
+                     first_epoch=rows[-1]["epoch"] + 1 if rows else 1)
+    except KeyboardInterrupt:
+        model.print(f"Interrupted during epoch {len(rows) + 1}: returning the history of the {len(rows)} "
+                    "finished epoch(s) with the best weights restored.")
+    finally:
+        model.step_runner = None
+        model.history = history_frame(rows)
+        callbacks.call("on_train_end", rows[-1] if rows else {})
+    return model.history
+
+
+def callbacks_for_fit(model: TrainableModel, settings: FitSettings, output: OutputSettings, train_loader: Any,
+                      val_loader: Optional[Any]) -> CallbackList:
+    """fit's own callbacks, the user's, the training state (it keeps theirs) and the progress bar.
+
+    They run in the order of their ``order`` attribute (see :class:`~kerastorch.Callback`).
+    """
+    watch = settings.monitoring
+    says = int(output.verbose > 0)
+    chosen: list[Any] = [TerminateOnNaN(verbose=says),
+                         RestoreBestWeights(watch.monitor, watch.mode, watch.min_delta, ckpt_path=watch.ckpt_path)]
+    if watch.patience is not None:
+        chosen.append(EarlyStopping(watch.monitor, watch.mode, watch.patience, watch.min_delta, verbose=says))
+    if output.plot:
+        chosen.append(LivePlot(monitor=watch.monitor, mode=watch.mode))
+    if output.wandb:
+        chosen.append(WandbLogger(**(output.wandb if isinstance(output.wandb, dict) else {})))
+    chosen.extend(settings.callbacks or [])
+    if watch.resume:
+        chosen.append(TrainingState(training_state_path(watch.ckpt_path), list(chosen), (train_loader, val_loader),
+                                    verbose=says))
+    chosen.append(ProgressBar(verbose=output.verbose))
+    params = {"epochs": settings.epochs, "steps": num_batches(train_loader), "verbose": output.verbose,
+              "monitor": watch.monitor, "mode": watch.mode,
+              "metrics": history_columns(model.metrics_dict, val_loader is not None), "ckpt_path": watch.ckpt_path}
+    return CallbackList(chosen, model, params)
+
+
+# -- results of a run in workers ------------------------------------------------------------
+
+
+def _fit_as_worker(model: TrainableModel, train_data: Any, val_data: Optional[Any], settings: FitSettings,
+                   plan: Plan) -> dict:
+    history = fit_here(model, train_data, val_data, settings, plan)
+    return results_of(model, history)
+
+
+def results_of(model: TrainableModel, history: pd.DataFrame) -> dict:
+    """What the main worker sends back: the history, the best weights, the optimizer's and scheduler's state."""
+    return {
+        "history": history.to_dict("records"),
+        "weights": cpu_state_dict(model.net),
+        "optimizer": model.optimizer.state_dict(),
+        "lr_scheduler": model.lr_scheduler.state_dict() if model.lr_scheduler is not None else None,
+        "stop_training": model.stop_training,
+    }
+
+
+def take_results(model: TrainableModel, results: dict) -> pd.DataFrame:
+    """Load what the main worker sent back into the caller's model; return the history."""
+    unwrap(model.net).load_state_dict(results["weights"])
+    model.optimizer.load_state_dict(results["optimizer"])
+    if results["lr_scheduler"] is not None:
+        model.lr_scheduler.load_state_dict(results["lr_scheduler"])
+    model.stop_training = results["stop_training"]
+    model.runtime = None
+    model.history = history_frame(results["history"])
+    return model.history
+
+
+__all__ = ["callbacks_for_fit", "fit", "fit_here"]
