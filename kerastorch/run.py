@@ -13,6 +13,7 @@ from the settings in :func:`callbacks_for_fit`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Optional
 
@@ -39,7 +40,7 @@ from .placement import place_parts
 from .plan import Plan, make_plan
 from .protocols import TrainableModel
 from .runtime import Runtime, build_runtime
-from .settings import FitSettings, OutputSettings
+from .settings import FitSettings
 from .step import StepRunner
 
 
@@ -64,13 +65,13 @@ def fit_here(model: TrainableModel, train_data: Any, val_data: Optional[Any], se
         place_parts(model, runtime)
         check_first_batch(model, train_data, runtime, "train_data")
         with process_share(model, runtime, train_data, val_data) as (train_loader, val_loader):
-            # One process prints, draws and logs.
-            output = settings.output if runtime.is_main_process else settings.output.silenced()
-            callbacks = callbacks_for_fit(model, settings, output, train_loader, val_loader)
+            if not runtime.is_main_process:  # one process prints, draws and logs
+                settings = dataclasses.replace(settings, output=settings.output.silenced())
+            callbacks = callbacks_for_fit(model, settings, train_loader, val_loader)
             meters = {stage: EpochMeters(stage, model.metrics_dict, runtime.outputs_device, runtime.reduce_sum)
                       for stage in ("train", "val")}
             steps = StepRunner(model, runtime, settings.step, callbacks)
-            if output.verbose:
+            if settings.output.verbose:
                 model.print(runtime.describe())
             return train_with_callbacks(model, train_loader, val_loader, runtime, callbacks, meters, steps,
                                         settings.epochs)
@@ -101,13 +102,13 @@ def train_with_callbacks(model: TrainableModel, train_loader: Any, val_loader: O
     return model.history
 
 
-def callbacks_for_fit(model: TrainableModel, settings: FitSettings, output: OutputSettings, train_loader: Any,
+def callbacks_for_fit(model: TrainableModel, settings: FitSettings, train_loader: Any,
                       val_loader: Optional[Any]) -> CallbackList:
     """fit's own callbacks, the user's, the training state (it keeps theirs) and the progress bar.
 
     They run in the order of their ``order`` attribute (see :class:`~kerastorch.Callback`).
     """
-    watch = settings.monitoring
+    watch, output = settings.monitoring, settings.output
     says = int(output.verbose > 0)
     chosen: list[Any] = [TerminateOnNaN(verbose=says),
                          RestoreBestWeights(watch.monitor, watch.mode, watch.min_delta, ckpt_path=watch.ckpt_path)]

@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from .batches import first_tensor
 from .checkpoint import unwrap
 
 NOT_CALLED = "(not called)"
@@ -211,19 +212,8 @@ def _positional_slots(parameters: list) -> float:
                for p in parameters)
 
 
-def _first_tensor(obj: Any) -> Optional[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return obj
-    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
-    for value in values:
-        found = _first_tensor(value)
-        if found is not None:
-            return found
-    return None
-
-
 def _batch_size(input_data: Any) -> Optional[int]:
-    first = _first_tensor(input_data)
+    first = first_tensor(input_data)
     return int(first.shape[0]) if first is not None and first.dim() > 0 else None
 
 
