@@ -43,7 +43,7 @@ def tiny_mlp_task():
     x = torch.randn(16384 + 4096, 32, generator=gen)
     y = (x @ teacher).argmax(1)
     train, val = TensorDataset(x[:16384], y[:16384]), TensorDataset(x[16384:], y[16384:])
-    make_net = lambda: nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))  # noqa: E731
+    make_net = lambda: nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
     return "tiny MLP, 16k samples, batch 64", train, val, make_net, 64
 
 
@@ -55,8 +55,12 @@ def cnn_task():
 def make_parts(make_net, lr=1e-3):
     torch.manual_seed(0)
     net = make_net()
-    return net, nn.CrossEntropyLoss(), torch.optim.Adam(net.parameters(), lr=lr), \
-        torchmetrics.Accuracy(task="multiclass", num_classes=10)
+    return (
+        net,
+        nn.CrossEntropyLoss(),
+        torch.optim.Adam(net.parameters(), lr=lr),
+        torchmetrics.Accuracy(task="multiclass", num_classes=10),
+    )
 
 
 def run_bare(make_net, dl_train, dl_val, epochs, device):
@@ -107,8 +111,10 @@ def run_seed_loop(make_net, dl_train, dl_val, epochs, device, ckpt_path):
             if i != len(dl_train) - 1:
                 loop.set_postfix(**step_log)
             else:
-                epoch_log = dict({"train_loss": total_loss / step},
-                                 **{"train_" + n: m.compute().item() for n, m in train_metrics_dict.items()})
+                epoch_log = dict(
+                    {"train_loss": total_loss / step},
+                    **{"train_" + n: m.compute().item() for n, m in train_metrics_dict.items()},
+                )
                 loop.set_postfix(**epoch_log)
                 for m in train_metrics_dict.values():
                     m.reset()
@@ -130,8 +136,10 @@ def run_seed_loop(make_net, dl_train, dl_val, epochs, device, ckpt_path):
                 if i != len(dl_val) - 1:
                     loop.set_postfix(**step_log)
                 else:
-                    epoch_log = dict({"val_loss": total_loss / step},
-                                     **{"val_" + n: m.compute().item() for n, m in val_metrics_dict.items()})
+                    epoch_log = dict(
+                        {"val_loss": total_loss / step},
+                        **{"val_" + n: m.compute().item() for n, m in val_metrics_dict.items()},
+                    )
                     loop.set_postfix(**epoch_log)
                     for m in val_metrics_dict.values():
                         m.reset()
@@ -163,8 +171,19 @@ def run_fit(make_net, dl_train, dl_val, epochs, device, ckpt_path, precision="32
     net, loss_fn, optimizer, metric = make_parts(make_net)
     model = kt.KerasModel(net, loss_fn, {"acc": metric}, optimizer)
     clock = EpochClock()
-    model.fit(dl_train, dl_val, epochs=epochs, patience=5, monitor="val_acc", mode="max", ckpt_path=ckpt_path,
-              callbacks=[clock], accelerator=device.type, precision=precision, verbose=verbose)
+    model.fit(
+        dl_train,
+        dl_val,
+        epochs=epochs,
+        patience=5,
+        monitor="val_acc",
+        mode="max",
+        ckpt_path=ckpt_path,
+        callbacks=[clock],
+        accelerator=device.type,
+        precision=precision,
+        verbose=verbose,
+    )
     return (clock.end - clock.start) / clock.epochs
 
 
@@ -188,8 +207,10 @@ def measure(task, repeats, epochs, device):
     print(f"\n{title} on {device} ({repeats} runs of {epochs} epochs each)")
     print(f"{'loop':<12}{'median s/epoch':>16}{'x bare':>9}{'fastest s/epoch':>17}{'x bare':>9}")
     for name in times:
-        print(f"{name:<12}{medians[name]:>16.4f}{medians[name] / medians['bare']:>9.3f}"
-              f"{fastest[name]:>17.4f}{fastest[name] / fastest['bare']:>9.3f}")
+        print(
+            f"{name:<12}{medians[name]:>16.4f}{medians[name] / medians['bare']:>9.3f}"
+            f"{fastest[name]:>17.4f}{fastest[name] / fastest['bare']:>9.3f}"
+        )
     return medians
 
 

@@ -69,11 +69,22 @@ def main() -> None:
         net = create_cnn()
         model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=3e-3))
         timer = EpochTimer()
-        history = model.fit(dl_train, dl_val, epochs=args.epochs, patience=None, verbose=0, callbacks=[timer],
-                            accelerator=args.device, devices=1, precision=precision)
+        history = model.fit(
+            dl_train,
+            dl_val,
+            epochs=args.epochs,
+            patience=None,
+            verbose=0,
+            callbacks=[timer],
+            accelerator=args.device,
+            devices=1,
+            precision=precision,
+        )
         steady = timer.seconds[1:] or timer.seconds
-        print(f"{precision:>10}: {statistics.median(steady):7.3f} s/epoch (first {timer.seconds[0]:.3f} s), "
-              f"ran as {model.runtime.precision}, final val_loss {history['val_loss'].iloc[-1]:.4f}")
+        print(
+            f"{precision:>10}: {statistics.median(steady):7.3f} s/epoch (first {timer.seconds[0]:.3f} s), "
+            f"ran as {model.runtime.precision}, final val_loss {history['val_loss'].iloc[-1]:.4f}"
+        )
 
 
 if __name__ == "__main__":

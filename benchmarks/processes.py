@@ -31,8 +31,8 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import kerastorch as kt  # noqa: E402
-from kerastorch.examples import create_cnn, digits_datasets  # noqa: E402
+import kerastorch as kt
+from kerastorch.examples import create_cnn, digits_datasets
 
 
 class TrainingTimer(kt.Callback):
@@ -67,16 +67,28 @@ def measure(devices: int, epochs: int, batch_size: int, threads: int) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         times_file = os.path.join(folder, "times.json")
         start = time.perf_counter()
-        model.fit(dl_train, dl_val, epochs=epochs, patience=None, accelerator="cpu", devices=devices, verbose=0,
-                  callbacks=[TrainingTimer(times_file)])
+        model.fit(
+            dl_train,
+            dl_val,
+            epochs=epochs,
+            patience=None,
+            accelerator="cpu",
+            devices=devices,
+            verbose=0,
+            callbacks=[TrainingTimer(times_file)],
+        )
         wall = time.perf_counter() - start
         with open(times_file) as f:
             seconds = json.load(f)
     torch.set_num_threads(default_threads)
     steady = statistics.median(seconds[1:] if len(seconds) > 1 else seconds)
-    return {"devices": devices, "threads": threads if devices == 1 else max(1, threads // devices),
-            "samples_per_second": len(ds_train) / steady, "epoch_seconds": steady,
-            "fit_wall_seconds": wall}
+    return {
+        "devices": devices,
+        "threads": threads if devices == 1 else max(1, threads // devices),
+        "samples_per_second": len(ds_train) / steady,
+        "epoch_seconds": steady,
+        "fit_wall_seconds": wall,
+    }
 
 
 def main() -> None:
@@ -84,18 +96,24 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args()
-    print(f"seed 003 CNN, 28x28 digits ({len(digits_datasets(size=28)[0])} training samples), batch {args.batch_size}, "
-          f"{args.epochs} epochs, torch {torch.__version__}, {os.cpu_count()} CPU cores")
+    print(
+        f"seed 003 CNN, 28x28 digits ({len(digits_datasets(size=28)[0])} training samples), batch {args.batch_size}, "
+        f"{args.epochs} epochs, torch {torch.__version__}, {os.cpu_count()} CPU cores"
+    )
     cores = torch.get_num_threads()
     # One process with all the cores' threads, one with one thread, then two processes sharing the cores.
     runs = [(1, cores), (1, 1), (2, cores)] if cores > 1 else [(1, 1), (2, 1)]
     results = [measure(devices, args.epochs, args.batch_size, threads) for devices, threads in runs]
     one = results[0]["samples_per_second"]
-    print(f"{'processes':>9}  {'threads each':>12}  {'samples/s':>10}  {'vs first':>8}  {'s/epoch':>8}  "
-          f"{'fit wall s':>10}")
+    print(
+        f"{'processes':>9}  {'threads each':>12}  {'samples/s':>10}  {'vs first':>8}  {'s/epoch':>8}  "
+        f"{'fit wall s':>10}"
+    )
     for r in results:
-        print(f"{r['devices']:>9}  {r['threads']:>12}  {r['samples_per_second']:>10.0f}  "
-              f"{r['samples_per_second'] / one:>7.2f}x  {r['epoch_seconds']:>8.2f}  {r['fit_wall_seconds']:>10.1f}")
+        print(
+            f"{r['devices']:>9}  {r['threads']:>12}  {r['samples_per_second']:>10.0f}  "
+            f"{r['samples_per_second'] / one:>7.2f}x  {r['epoch_seconds']:>8.2f}  {r['fit_wall_seconds']:>10.1f}"
+        )
 
 
 if __name__ == "__main__":

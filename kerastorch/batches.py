@@ -60,7 +60,9 @@ def split_inputs(batch: Any) -> tuple[tuple, dict]:
         if len(batch) == 1:
             return (batch[0],), {}
         return tuple(batch[:-1]), {}
-    raise BatchError(f"Got {_describe(batch)} as a batch for predict; expected a tensor of inputs or {EXPECTED_BATCHES}.")
+    raise BatchError(
+        f"Got {_describe(batch)} as a batch for predict; expected a tensor of inputs or {EXPECTED_BATCHES}."
+    )
 
 
 def batch_size_of(labels: Any, preds: Any) -> int:

@@ -86,12 +86,17 @@ def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Read a weights file without executing anything stored in it."""
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"No checkpoint at {path!r}. Check the path, or train with fit(..., ckpt_path={path!r}) first.")
+        raise FileNotFoundError(
+            f"No checkpoint at {path!r}. Check the path, or train with fit(..., ckpt_path={path!r}) first."
+        )
     if _is_safetensors(path):
         return load_file(path)
-    state = load_plain(path, "{path!r} is neither a safetensors file nor a plain torch state dict that loads with "
-                             "weights_only=True, so it was not loaded (loading it could run code stored in it): "
-                             "{reason}.")
+    state = load_plain(
+        path,
+        "{path!r} is neither a safetensors file nor a plain torch state dict that loads with "
+        "weights_only=True, so it was not loaded (loading it could run code stored in it): "
+        "{reason}.",
+    )
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):

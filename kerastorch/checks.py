@@ -55,18 +55,26 @@ def check_optimizer(model) -> None:
     optimizer = model.optimizer
     example = "torch.optim.Adam(net.parameters(), lr=1e-3)"
     if isinstance(optimizer, type):
-        raise TypeError(f"optimizer is the class {optimizer.__name__}, not an optimizer. Build one over the net's "
-                        f"parameters: optimizer=torch.optim.{optimizer.__name__}(net.parameters(), lr=1e-3).")
-    if not (callable(getattr(optimizer, "step", None)) and callable(getattr(optimizer, "zero_grad", None))
-            and isinstance(getattr(optimizer, "param_groups", None), list)):
-        raise TypeError(f"optimizer is a {type(optimizer).__name__}, but it must be a torch.optim.Optimizer such as "
-                        f"{example}.")
+        raise TypeError(
+            f"optimizer is the class {optimizer.__name__}, not an optimizer. Build one over the net's "
+            f"parameters: optimizer=torch.optim.{optimizer.__name__}(net.parameters(), lr=1e-3)."
+        )
+    if not (
+        callable(getattr(optimizer, "step", None))
+        and callable(getattr(optimizer, "zero_grad", None))
+        and isinstance(getattr(optimizer, "param_groups", None), list)
+    ):
+        raise TypeError(
+            f"optimizer is a {type(optimizer).__name__}, but it must be a torch.optim.Optimizer such as {example}."
+        )
     trainable = {id(p) for p in model.net.parameters() if p.requires_grad}
     updated = {id(p) for group in optimizer.param_groups for p in group["params"]}
     if trainable and not trainable & updated:
-        raise ValueError("The optimizer updates none of the net's parameters, so training would change nothing. It "
-                         "was probably built for another net (in a notebook: the net's cell was run again after the "
-                         f"optimizer's). Build it over this net: optimizer={example}.")
+        raise ValueError(
+            "The optimizer updates none of the net's parameters, so training would change nothing. It "
+            "was probably built for another net (in a notebook: the net's cell was run again after the "
+            f"optimizer's). Build it over this net: optimizer={example}."
+        )
 
 
 def check_lr_scheduler(model) -> None:
@@ -76,29 +84,40 @@ def check_lr_scheduler(model) -> None:
         return
     example = "torch.optim.lr_scheduler.StepLR(optimizer, step_size=10)"
     if isinstance(scheduler, type):
-        raise TypeError(f"lr_scheduler is the class {scheduler.__name__}, not a scheduler. Build one over the "
-                        f"optimizer, e.g. lr_scheduler={example}.")
+        raise TypeError(
+            f"lr_scheduler is the class {scheduler.__name__}, not a scheduler. Build one over the "
+            f"optimizer, e.g. lr_scheduler={example}."
+        )
     if not callable(getattr(scheduler, "step", None)):
-        raise TypeError(f"lr_scheduler is a {type(scheduler).__name__}, but it must be a torch.optim.lr_scheduler "
-                        f"object such as {example}.")
+        raise TypeError(
+            f"lr_scheduler is a {type(scheduler).__name__}, but it must be a torch.optim.lr_scheduler "
+            f"object such as {example}."
+        )
     driven = getattr(scheduler, "optimizer", None)
     if isinstance(driven, torch.optim.Optimizer) and _bare_optimizer(driven) is not _bare_optimizer(model.optimizer):
-        raise ValueError("The lr_scheduler drives another optimizer than the model's, so the learning rate would "
-                         "never change. Build it over the optimizer you pass to KerasModel: "
-                         f"lr_scheduler={example}.")
+        raise ValueError(
+            "The lr_scheduler drives another optimizer than the model's, so the learning rate would "
+            "never change. Build it over the optimizer you pass to KerasModel: "
+            f"lr_scheduler={example}."
+        )
 
 
 def _bare_optimizer(optimizer):
     # accelerate's AcceleratedOptimizer keeps the user's optimizer as .optimizer
-    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer) and optimizer.optimizer is not optimizer:
+    while (
+        isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer)
+        and optimizer.optimizer is not optimizer
+    ):
         optimizer = optimizer.optimizer
     return optimizer
 
 
 def check_callbacks(callbacks) -> None:
     if callbacks is not None and (isinstance(callbacks, Callback) or not isinstance(callbacks, (list, tuple))):
-        raise TypeError(f"callbacks is a {type(callbacks).__name__}, but it must be a list of callbacks, e.g. "
-                        "callbacks=[kt.callbacks.EarlyStopping('val_loss', patience=3)].")
+        raise TypeError(
+            f"callbacks is a {type(callbacks).__name__}, but it must be a list of callbacks, e.g. "
+            "callbacks=[kt.callbacks.EarlyStopping('val_loss', patience=3)]."
+        )
 
 
 def check_resume(resume, ckpt_path) -> None:
@@ -107,13 +126,16 @@ def check_resume(resume, ckpt_path) -> None:
     if not resume:
         return
     if ckpt_path is None:
-        raise ValueError("resume=True needs a ckpt_path: the best weights go to that file and the training state "
-                         "beside it. Try fit(..., ckpt_path='runs/best.safetensors', resume=True), which keeps the "
-                         "state in 'runs/best.safetensors.state'.")
+        raise ValueError(
+            "resume=True needs a ckpt_path: the best weights go to that file and the training state "
+            "beside it. Try fit(..., ckpt_path='runs/best.safetensors', resume=True), which keeps the "
+            "state in 'runs/best.safetensors.state'."
+        )
     state_path = training_state_path(ckpt_path)
     if os.path.isdir(state_path):
-        raise ValueError(f"The training state goes to {state_path!r}, which is a folder. Move it away, or choose "
-                         "another ckpt_path.")
+        raise ValueError(
+            f"The training state goes to {state_path!r}, which is a folder. Move it away, or choose another ckpt_path."
+        )
 
 
 def _check_whole_number(name: str, value: Any, minimum: int, hint: str = "") -> None:
@@ -127,8 +149,10 @@ def check_monitor(monitor: str, metrics_dict: dict, has_val: bool) -> None:
     if monitor in names:
         return
     if monitor.startswith("val_") and not has_val and monitor in history_columns(metrics_dict, True):
-        raise ValueError(f"monitor={monitor!r} needs validation data, but val_data is None. Pass val_data=..., "
-                         f"or monitor one of: {', '.join(names)}.")
+        raise ValueError(
+            f"monitor={monitor!r} needs validation data, but val_data is None. Pass val_data=..., "
+            f"or monitor one of: {', '.join(names)}."
+        )
     close = difflib.get_close_matches(str(monitor), names, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise ValueError(f"monitor={monitor!r} is not a value this run produces; available: {', '.join(names)}.{hint}")
@@ -148,27 +172,40 @@ def check_loader(data: Any, name: str) -> None:
 
 def _check_not_raw_arrays(data: Any, name: str) -> None:
     """A Dataset, an array or a tuple (x, y) where a loader of batches belongs: say how to wrap them."""
-    loader = f"DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)"
+    loader = "DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)"
     if isinstance(data, torch.utils.data.Dataset) and not hasattr(data, "__iter__"):
-        raise TypeError(f"{name} is a {type(data).__name__}, a Dataset; fit needs batches. Wrap it: "
-                        f"{name}=torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=True).")
+        raise TypeError(
+            f"{name} is a {type(data).__name__}, a Dataset; fit needs batches. Wrap it: "
+            f"{name}=torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=True)."
+        )
     kind = type(data).__module__.split(".")[0]
     if kind in ("numpy", "pandas"):
-        raise TypeError(f"{name} is a {kind} {type(data).__name__}; fit needs batches of tensors with labels. Make "
-                        f"tensors (torch.as_tensor) and pass torch.utils.data.{loader}.")
-    if (isinstance(data, tuple) and 2 <= len(data) <= 3 and all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in data)
-            and len({t.shape[0] for t in data}) == 1):
-        raise TypeError(f"{name} is a tuple of {len(data)} tensors, like (x, y); fit needs a loader of batches. Pass "
-                        f"torch.utils.data.{loader}.")
+        raise TypeError(
+            f"{name} is a {kind} {type(data).__name__}; fit needs batches of tensors with labels. Make "
+            f"tensors (torch.as_tensor) and pass torch.utils.data.{loader}."
+        )
+    if (
+        isinstance(data, tuple)
+        and 2 <= len(data) <= 3
+        and all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in data)
+        and len({t.shape[0] for t in data}) == 1
+    ):
+        raise TypeError(
+            f"{name} is a tuple of {len(data)} tensors, like (x, y); fit needs a loader of batches. Pass "
+            f"torch.utils.data.{loader}."
+        )
 
 
 def check_writable(ckpt_path) -> None:
     if not isinstance(ckpt_path, (str, os.PathLike)):
-        raise TypeError(f"ckpt_path={ckpt_path!r} must be a file path (a str or pathlib.Path) like "
-                        "'runs/best.safetensors'.")
+        raise TypeError(
+            f"ckpt_path={ckpt_path!r} must be a file path (a str or pathlib.Path) like 'runs/best.safetensors'."
+        )
     path = os.path.abspath(os.fspath(ckpt_path))
     if os.path.isdir(path):
-        raise ValueError(f"ckpt_path={os.fspath(ckpt_path)!r} is a folder; give a file path like 'checkpoint.safetensors'.")
+        raise ValueError(
+            f"ckpt_path={os.fspath(ckpt_path)!r} is a folder; give a file path like 'checkpoint.safetensors'."
+        )
     folder = os.path.dirname(path)
     probe = None
     try:
@@ -178,10 +215,15 @@ def check_writable(ckpt_path) -> None:
             f.write(b"")
     except OSError as error:
         blocker = _file_in_the_way(folder)
-        why = (f"{blocker!r} is a file, so it cannot hold a folder" if blocker else
-               f"its folder {folder!r} cannot be written ({error.strerror})")
-        raise ValueError(f"ckpt_path={os.fspath(ckpt_path)!r} cannot be written: {why}. Choose a path in a folder you "
-                         "can write to, e.g. ckpt_path='runs/best.safetensors'.") from None
+        why = (
+            f"{blocker!r} is a file, so it cannot hold a folder"
+            if blocker
+            else f"its folder {folder!r} cannot be written ({error.strerror})"
+        )
+        raise ValueError(
+            f"ckpt_path={os.fspath(ckpt_path)!r} cannot be written: {why}. Choose a path in a folder you "
+            "can write to, e.g. ckpt_path='runs/best.safetensors'."
+        ) from None
     finally:
         if probe is not None:
             with contextlib.suppress(OSError):
@@ -215,8 +257,10 @@ def check_first_batch(model: Any, data: Any, runtime: Any, name: str) -> None:
         raise _wrapped(error, name) from error
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-        raise ValueError(f"The loss must be a single number (a mean over the batch); got {shape}. Use a loss with "
-                         "reduction='mean' or reduce it in forward_batch.")
+        raise ValueError(
+            f"The loss must be a single number (a mean over the batch); got {shape}. Use a loss with "
+            "reduction='mean' or reduce it in forward_batch."
+        )
 
 
 def _wrapped(error: Exception, name: str) -> Exception:

@@ -110,7 +110,9 @@ def find_usable_cuda_devices(num_devices: int = -1) -> list[int]:
     Two sweeps that call this at the same moment may both pick the same free device.
     """
     if isinstance(num_devices, bool) or not isinstance(num_devices, int):
-        raise TypeError(f"num_devices={num_devices!r} must be an int: a count like 2, 0 for none, or -1 for all usable.")
+        raise TypeError(
+            f"num_devices={num_devices!r} must be an int: a count like 2, 0 for none, or -1 for all usable."
+        )
     if num_devices < -1:
         raise ValueError(f"num_devices={num_devices} must be a count like 2, 0 for none, or -1 for all usable.")
     if num_devices == 0:
@@ -120,8 +122,10 @@ def find_usable_cuda_devices(num_devices: int = -1) -> list[int]:
     if visible == 0:
         raise ValueError(f"Asked to find {asked}, but {why_no_cuda()}. Train with accelerator='cpu' instead.")
     if num_devices > visible:
-        raise ValueError(f"Asked to find {num_devices} CUDA devices, but this machine has only {visible} visible. "
-                         f"Ask for at most {visible}, or -1 for all usable ones.")
+        raise ValueError(
+            f"Asked to find {num_devices} CUDA devices, but this machine has only {visible} visible. "
+            f"Ask for at most {visible}, or -1 for all usable ones."
+        )
     if torch.cuda.is_initialized():
         usable, occupied = probe_cuda_devices(num_devices)  # already initialised here: nothing left to protect
     else:
@@ -159,14 +163,18 @@ def probe_cuda_devices(num_devices: int) -> tuple[list[int], list[int]]:
 
 def _probe_in_child_process(num_devices: int) -> tuple[list[int], list[int]]:
     # The child inherits CUDA_VISIBLE_DEVICES, so it numbers the devices as this process does.
-    code = (inspect.getsource(probe_cuda_devices)
-            + f"\nimport json\nprint(json.dumps(probe_cuda_devices({int(num_devices)})))\n")
+    code = (
+        inspect.getsource(probe_cuda_devices)
+        + f"\nimport json\nprint(json.dumps(probe_cuda_devices({int(num_devices)})))\n"
+    )
     try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=PROBE_TIMEOUT_S, env=dict(os.environ))
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=dict(os.environ)
+        )
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"Probing the CUDA devices took more than {PROBE_TIMEOUT_S} s; is the driver hanging? "
-                           "Check nvidia-smi.") from None
+        raise RuntimeError(
+            f"Probing the CUDA devices took more than {PROBE_TIMEOUT_S} s; is the driver hanging? Check nvidia-smi."
+        ) from None
     if done.returncode != 0:
         raise RuntimeError(f"Probing the CUDA devices in a child process failed:\n{done.stderr.strip()[-2000:]}")
     usable, occupied = json.loads(done.stdout.strip().splitlines()[-1])

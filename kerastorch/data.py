@@ -31,13 +31,15 @@ def num_batches(data: Any) -> Optional[int]:
 def rng_untouched(loader: Any) -> Iterator[None]:
     """Peeking at a batch must not change the data order of the run that follows."""
     generator = getattr(loader, "generator", None)
+    if not isinstance(generator, torch.Generator):
+        generator = None
     torch_state = torch.random.get_rng_state()
-    gen_state = generator.get_state() if isinstance(generator, torch.Generator) else None
+    gen_state = generator.get_state() if generator is not None else None
     try:
         yield
     finally:
         torch.random.set_rng_state(torch_state)
-        if gen_state is not None:
+        if generator is not None and gen_state is not None:
             generator.set_state(gen_state)
 
 
@@ -49,7 +51,9 @@ def dry_run_first_batch(net: torch.nn.Module, data: Any, name: str, run: Callabl
         try:
             batch = next(iterator)
         except StopIteration:
-            raise NoBatchesError(f"{name} produced no batches. Check the dataset's size, batch_size and drop_last.") from None
+            raise NoBatchesError(
+                f"{name} produced no batches. Check the dataset's size, batch_size and drop_last."
+            ) from None
         finally:
             del iterator
     was_training = net.training

@@ -21,7 +21,6 @@ import contextlib
 import warnings
 from typing import Any, Iterator
 
-import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 

@@ -32,8 +32,10 @@ def digits_datasets(size: int = 28, test_fraction: float = 0.25, seed: int = 0) 
 def digits_loaders(batch_size: int = 64, size: int = 28, seed: int = 0) -> tuple[DataLoader, DataLoader]:
     """Shuffled training loader and ordered test loader over :func:`digits_datasets`."""
     ds_train, ds_test = digits_datasets(size=size, seed=seed)
-    return (DataLoader(ds_train, batch_size=batch_size, shuffle=True),
-            DataLoader(ds_test, batch_size=batch_size, shuffle=False))
+    return (
+        DataLoader(ds_train, batch_size=batch_size, shuffle=True),
+        DataLoader(ds_test, batch_size=batch_size, shuffle=False),
+    )
 
 
 def create_cnn(num_classes: int = 10) -> nn.Sequential:

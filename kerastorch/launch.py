@@ -115,10 +115,12 @@ def run_in_workers(plan: Plan, net: torch.nn.Module, work: Callable[[], Any]) ->
                 stack.enter_context(_logger_quiet("torch.multiprocessing"))
                 # accelerate's "Launching training on 2 CUDAs." says CUDA even on a CPU; the workers say where they run.
                 stack.enter_context(contextlib.redirect_stdout(_WithoutLaunchLine(sys.stdout)))
-                notebook_launcher(run_one_process, args=(work, folder), num_processes=num_processes,
-                                  use_port=str(free_port()))
+                notebook_launcher(
+                    run_one_process, args=(work, folder), num_processes=num_processes, use_port=str(free_port())
+                )
         except Exception as launch_error:
-            raise worker_failure(folder, launch_error, num_processes)  # the cause shown is the worker's traceback
+            failure = worker_failure(folder, launch_error, num_processes)
+            raise failure from failure.__cause__  # the cause shown is the worker's traceback
         # Written a moment ago by our own worker, in a private folder.
         return torch.load(os.path.join(folder, RESULTS_FILE), map_location="cpu", weights_only=False)
 
@@ -181,16 +183,17 @@ def record_failure(folder: str, rank: int, error: BaseException) -> None:
     except Exception:  # not every exception survives pickling; the text always does
         pickled = None
     record = {"rank": rank, "time": time.time(), "traceback": text, "error": pickled}
-    with contextlib.suppress(OSError):
-        with open(os.path.join(folder, FAILURE_FILE.format(rank=rank)), "wb") as f:
-            pickle.dump(record, f)
+    with contextlib.suppress(OSError), open(os.path.join(folder, FAILURE_FILE.format(rank=rank)), "wb") as f:
+        pickle.dump(record, f)
 
 
 def worker_failure(folder: str, launch_error: Exception, num_processes: int) -> BaseException:
     """The caller's exception for a failed launch: the first worker's own error, with its traceback as cause."""
     if isinstance(launch_error, SignalException):  # Ctrl-C (or a kill) reached this process: workers were stopped
-        stopped = (f"Training in {num_processes} processes was stopped by {launch_error.sigval.name}; the processes "
-                   "have ended and the model keeps the weights it had before this fit.")
+        stopped = (
+            f"Training in {num_processes} processes was stopped by {launch_error.sigval.name}; the processes "
+            "have ended and the model keeps the weights it had before this fit."
+        )
         return KeyboardInterrupt(stopped) if launch_error.sigval == signal.SIGINT else RuntimeError(stopped)
     records = []
     for name in os.listdir(folder):
@@ -207,13 +210,18 @@ def worker_failure(folder: str, launch_error: Exception, num_processes: int) -> 
     if _is_cuda_fork_error(first["traceback"]):
         error: BaseException = RuntimeError(CUDA_BEFORE_FORK.format(k=num_processes))
     else:
-        error = pickle.loads(first["error"]) if first["error"] is not None else RuntimeError(
-            f"The training process with rank {first['rank']} failed; its traceback is above.")
+        error = (
+            pickle.loads(first["error"])
+            if first["error"] is not None
+            else RuntimeError(f"The training process with rank {first['rank']} failed; its traceback is above.")
+        )
     error.__cause__ = cause
     return error
 
 
 def _is_cuda_fork_error(text: str) -> bool:
-    return ("Cannot re-initialize CUDA in forked subprocess" in text
-            or "CUDA error: initialization error" in text
-            or "CUDA driver initialization failed" in text)
+    return (
+        "Cannot re-initialize CUDA in forked subprocess" in text
+        or "CUDA error: initialization error" in text
+        or "CUDA driver initialization failed" in text
+    )

@@ -14,7 +14,7 @@ All are epoch values over the epoch's samples, synced across devices.
 from __future__ import annotations
 
 import copy
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import torch
 from torch import nn
@@ -68,9 +68,15 @@ class LightModel(ModelParts, pl.LightningModule):
     ``KerasModel``.
     """
 
-    def __init__(self, net: nn.Module, loss_fn: Optional[Any] = None, metrics_dict: Optional[dict] = None,
-                 optimizer: Optional[torch.optim.Optimizer] = None, lr_scheduler: Optional[Any] = None,
-                 lr_scheduler_interval: str = "epoch"):
+    def __init__(
+        self,
+        net: nn.Module,
+        loss_fn: Optional[Any] = None,
+        metrics_dict: Optional[dict] = None,
+        optimizer: Optional[torch.optim.Optimizer] = None,
+        lr_scheduler: Optional[Any] = None,
+        lr_scheduler_interval: str = "epoch",
+    ):
         super().__init__()
         self.set_parts(net, loss_fn, metrics_dict, optimizer, lr_scheduler, lr_scheduler_interval)
         check_loss_fn(self)
@@ -116,8 +122,9 @@ class LightModel(ModelParts, pl.LightningModule):
         batch_size = batch_size_of(labels, preds)
         # batch_size makes Lightning's epoch value a sample-weighted mean (exact with a
         # short last batch); sync_dist sums over devices once, at epoch end.
-        self.log(f"{stage}_loss", loss, on_step=False, on_epoch=True, batch_size=batch_size, sync_dist=True,
-                 prog_bar=True)
+        self.log(
+            f"{stage}_loss", loss, on_step=False, on_epoch=True, batch_size=batch_size, sync_dist=True, prog_bar=True
+        )
         self._update_metrics(stage, metric_friendly(detach(preds)), labels, batch_size)
         return loss
 
@@ -126,15 +133,15 @@ class LightModel(ModelParts, pl.LightningModule):
         for name, metric in self.metrics_dict.items():
             key = f"{stage}_{name}"
             if key in self.stage_metrics:  # torchmetrics: Lightning computes, syncs and resets it
-                self.stage_metrics[key].update(preds, labels)
-                self.log(key, self.stage_metrics[key], on_step=False, on_epoch=True, prog_bar=True)
+                stage_metric = cast(Metric, self.stage_metrics[key])
+                stage_metric.update(preds, labels)
+                self.log(key, stage_metric, on_step=False, on_epoch=True, prog_bar=True)
             elif key in self.custom_metrics:  # read once, in _log_custom_metrics at epoch end
                 metric_update_fn(self.custom_metrics[key])(preds, labels)
             else:  # a function: its batch values, weighted by batch size, like the loss
                 value = scalar_metric_value(metric(preds, labels), key).detach()
                 value = value.to(self.device, value.dtype if value.is_floating_point() else torch.float32)
-                self.log(key, value, on_step=False, on_epoch=True, batch_size=batch_size, sync_dist=True,
-                         prog_bar=True)
+                self.log(key, value, on_step=False, on_epoch=True, batch_size=batch_size, sync_dist=True, prog_bar=True)
 
     def _start_epoch(self, stage: str) -> None:
         self.samples_seen[stage] = 0
@@ -154,8 +161,7 @@ class LightModel(ModelParts, pl.LightningModule):
                 value = value.to(self.device, value.dtype if value.is_floating_point() else torch.float32)
                 # Each device computed the metric over its own samples; weighting by their
                 # number makes the synced value exact for per-sample means such as accuracy.
-                self.log(key, value, on_step=False, on_epoch=True, batch_size=samples, sync_dist=True,
-                         prog_bar=True)
+                self.log(key, value, on_step=False, on_epoch=True, batch_size=samples, sync_dist=True, prog_bar=True)
                 metric.reset()
 
     def on_train_epoch_start(self) -> None:

@@ -21,15 +21,26 @@ from .runtime import Runtime
 from .step import StepRunner
 
 
-def fit_loop(model: TrainableModel, train_loader: Any, val_loader: Optional[Any], runtime: Runtime,
-             callbacks: CallbackList, meters: dict[str, EpochMeters], steps: StepRunner, epochs: int,
-             history: list[dict], first_epoch: int = 1) -> None:
+def fit_loop(
+    model: TrainableModel,
+    train_loader: Any,
+    val_loader: Optional[Any],
+    runtime: Runtime,
+    callbacks: CallbackList,
+    meters: dict[str, EpochMeters],
+    steps: StepRunner,
+    epochs: int,
+    history: list[dict],
+    first_epoch: int = 1,
+) -> None:
     """Run epochs ``first_epoch..epochs``, appending one row per epoch to ``history``."""
     for epoch in range(first_epoch, epochs + 1):
         callbacks.call("on_epoch_begin", epoch, {})
         lr = current_lr(model.optimizer)
         train_logs = train_epoch(model, train_loader, runtime, meters["train"], callbacks, steps)
-        val_logs = evaluate_epoch(model, val_loader, runtime, meters["val"], callbacks) if val_loader is not None else {}
+        val_logs = (
+            evaluate_epoch(model, val_loader, runtime, meters["val"], callbacks) if val_loader is not None else {}
+        )
         logs = {"epoch": epoch, **train_logs, "lr": lr, **val_logs}
         history.append(logs)
         if model.lr_scheduler is not None and steps.settings.scheduler_interval == "epoch":
@@ -41,8 +52,14 @@ def fit_loop(model: TrainableModel, train_loader: Any, val_loader: Optional[Any]
             break
 
 
-def train_epoch(model: TrainableModel, loader: Any, runtime: Runtime, meters: EpochMeters, callbacks: CallbackList,
-                steps: StepRunner) -> dict[str, float]:
+def train_epoch(
+    model: TrainableModel,
+    loader: Any,
+    runtime: Runtime,
+    meters: EpochMeters,
+    callbacks: CallbackList,
+    steps: StepRunner,
+) -> dict[str, float]:
     model.net.train()
     meters.reset()
     on_begin, on_end = callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end")
@@ -58,14 +75,17 @@ def train_epoch(model: TrainableModel, loader: Any, runtime: Runtime, meters: Ep
             break
     steps.end_epoch()
     if meters.count == 0:
-        raise ValueError("train_data produced no batches this epoch. Check that the dataset is not empty and drop_last "
-                         "does not drop the only batch.")
+        raise ValueError(
+            "train_data produced no batches this epoch. Check that the dataset is not empty and drop_last "
+            "does not drop the only batch."
+        )
     return meters.read()
 
 
 @torch.no_grad()
-def evaluate_epoch(model: TrainableModel, loader: Any, runtime: Runtime, meters: EpochMeters,
-                   callbacks: CallbackList) -> dict[str, float]:
+def evaluate_epoch(
+    model: TrainableModel, loader: Any, runtime: Runtime, meters: EpochMeters, callbacks: CallbackList
+) -> dict[str, float]:
     net = model.net
     was_training = net.training
     net.eval()

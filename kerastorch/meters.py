@@ -35,8 +35,10 @@ def is_stateful_metric(metric: Any) -> bool:
 def check_metrics(metrics_dict: Optional[dict]) -> dict:
     """Refuse a metric that cannot be called, naming its key."""
     if metrics_dict is not None and not isinstance(metrics_dict, Mapping):
-        raise TypeError(f"metrics_dict is a {type(metrics_dict).__name__}, but it must be a dict of name -> metric, "
-                        "e.g. {'acc': torchmetrics.Accuracy(task='multiclass', num_classes=10)}.")
+        raise TypeError(
+            f"metrics_dict is a {type(metrics_dict).__name__}, but it must be a dict of name -> metric, "
+            "e.g. {'acc': torchmetrics.Accuracy(task='multiclass', num_classes=10)}."
+        )
     metrics_dict = dict(metrics_dict or {})
     for name, metric in metrics_dict.items():
         if not isinstance(name, str) or not name:
@@ -129,7 +131,9 @@ class EpochMeters:
         self.device = device
         self.sum_dtype = exact_sum_dtype(device)
         self.meters = {
-            name: _StatefulMeter(m, device, reduce_fn) if is_stateful_metric(m) else _FunctionMeter(m, device, self.sum_dtype)
+            name: _StatefulMeter(m, device, reduce_fn)
+            if is_stateful_metric(m)
+            else _FunctionMeter(m, device, self.sum_dtype)
             for name, m in metrics_dict.items()
         }
         self.reduce_fn = reduce_fn  # sums a tensor over processes; None in a single process
@@ -190,12 +194,14 @@ class EpochMeters:
                 parts += [m.total, torch.tensor(float(m.count), device=self.device, dtype=self.sum_dtype)]
             summed = self.reduce_fn(torch.stack(parts))
             loss_sum, count = summed[0], summed[1]
-            function_values = {k: summed[2 + 2 * i] / summed[3 + 2 * i].clamp_min(1) for i, k in enumerate(function_meters)}
+            function_values = {
+                k: summed[2 + 2 * i] / summed[3 + 2 * i].clamp_min(1) for i, k in enumerate(function_meters)
+            }
         else:
             function_values = {k: m.value() for k, m in function_meters.items()}
         values = [loss_sum / count.clamp_min(1)]
         for name, meter in self.meters.items():
-            value = function_values[name] if name in function_values else _stateful_value(meter, name, synced)
+            value = _stateful_value(meter, name, synced) if isinstance(meter, _StatefulMeter) else function_values[name]
             values.append(value.detach().to(self.device, self.sum_dtype))
         floats = torch.stack(values).tolist()
         return dict(zip(self.names, floats))
@@ -258,4 +264,3 @@ class StepLogs(Mapping):
 
     def __repr__(self) -> str:
         return f"StepLogs({self._read()!r})"
-

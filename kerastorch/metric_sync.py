@@ -21,6 +21,7 @@ def exact_sum_dtype(device: torch.device) -> torch.dtype:
     """float64 where the device has it, so that long epochs add up exactly (MPS has no float64)."""
     return torch.float32 if device.type == "mps" else torch.float64
 
+
 def is_torchmetrics(metric: Any) -> bool:
     """True for a torchmetrics ``Metric``. Asked without importing torchmetrics, which imports
     matplotlib's pyplot: a metric can only be one if the user's code imported torchmetrics."""
@@ -86,8 +87,11 @@ def state_tensors(metric: Any) -> list[torch.Tensor]:
 
 def state_lists(metric: Any) -> dict[str, list]:
     """A metric's list states: attributes that are lists of tensors (e.g. stored predictions)."""
-    return {name: value for name, value in vars(metric).items()
-            if isinstance(value, list) and all(isinstance(v, torch.Tensor) for v in value)}
+    return {
+        name: value
+        for name, value in vars(metric).items()
+        if isinstance(value, list) and all(isinstance(v, torch.Tensor) for v in value)
+    }
 
 
 @contextlib.contextmanager
@@ -101,7 +105,9 @@ def _states_combined(metric: Any, reduce_fn: Callable, device: Optional[torch.de
         offset = 0
         with torch.no_grad():
             for tensor in tensors:
-                tensor.copy_(summed[offset:offset + tensor.numel()].view(tensor.shape).to(tensor.device, tensor.dtype))
+                tensor.copy_(
+                    summed[offset : offset + tensor.numel()].view(tensor.shape).to(tensor.device, tensor.dtype)
+                )
                 offset += tensor.numel()
     local_lists = state_lists(metric)
     gathered: list = [None] * torch.distributed.get_world_size()

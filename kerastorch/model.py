@@ -56,9 +56,15 @@ class KerasModel(ModelParts):
     (two optimizers, a GAN), override :meth:`train_step`.
     """
 
-    def __init__(self, net: nn.Module, loss_fn: Optional[Any] = None, metrics_dict: Optional[dict] = None,
-                 optimizer: Optional[torch.optim.Optimizer] = None, lr_scheduler: Optional[Any] = None,
-                 lr_scheduler_interval: str = "epoch"):
+    def __init__(
+        self,
+        net: nn.Module,
+        loss_fn: Optional[Any] = None,
+        metrics_dict: Optional[dict] = None,
+        optimizer: Optional[torch.optim.Optimizer] = None,
+        lr_scheduler: Optional[Any] = None,
+        lr_scheduler_interval: str = "epoch",
+    ):
         self.set_parts(net, loss_fn, metrics_dict, optimizer, lr_scheduler, lr_scheduler_interval)
         self.history = pd.DataFrame()
         self.stop_training = False
@@ -67,14 +73,32 @@ class KerasModel(ModelParts):
 
     # -- training --------------------------------------------------------------------
 
-    def fit(self, train_data: Iterable, val_data: Optional[Iterable] = None, epochs: int = 10,
-            patience: Optional[int] = 5, monitor: Optional[str] = None, mode: str = "min", min_delta: float = 0.0,
-            ckpt_path: Optional[Union[str, os.PathLike]] = None, resume: bool = False,
-            callbacks: Optional[Sequence] = None,
-            verbose: int = 1, plot: bool = False, quiet: Optional[bool] = None, wandb: Union[bool, dict] = False,
-            accelerator: str = "auto", devices: Any = "auto", precision: Any = "32-true", strategy: str = "auto",
-            mixed_precision: Optional[str] = None, cpu: bool = False, gradient_accumulation_steps: int = 1,
-            gradient_clip_val: Optional[float] = None, gradient_clip_algorithm: str = "norm") -> pd.DataFrame:
+    def fit(
+        self,
+        train_data: Iterable,
+        val_data: Optional[Iterable] = None,
+        epochs: int = 10,
+        patience: Optional[int] = 5,
+        monitor: Optional[str] = None,
+        mode: str = "min",
+        min_delta: float = 0.0,
+        ckpt_path: Optional[Union[str, os.PathLike]] = None,
+        resume: bool = False,
+        callbacks: Optional[Sequence] = None,
+        verbose: int = 1,
+        plot: bool = False,
+        quiet: Optional[bool] = None,
+        wandb: Union[bool, dict] = False,
+        accelerator: str = "auto",
+        devices: Any = "auto",
+        precision: Any = "32-true",
+        strategy: str = "auto",
+        mixed_precision: Optional[str] = None,
+        cpu: bool = False,
+        gradient_accumulation_steps: int = 1,
+        gradient_clip_val: Optional[float] = None,
+        gradient_clip_algorithm: str = "norm",
+    ) -> pd.DataFrame:
         """Train for ``epochs`` epochs and return the history, one row per epoch.
 
         Columns: ``epoch`` (1-based), ``train_loss``, ``train_<metric>``, ``lr``, ``val_loss``,
@@ -120,12 +144,30 @@ class KerasModel(ModelParts):
             The history, a pandas DataFrame (also kept as ``model.history``).
         """
         settings = fit_settings(
-            has_val_data=val_data is not None, scheduler_interval=self.lr_scheduler_interval, epochs=epochs,
-            patience=patience, monitor=monitor, mode=mode, min_delta=min_delta, ckpt_path=ckpt_path, resume=resume,
-            callbacks=callbacks, verbose=verbose, plot=plot, quiet=quiet, wandb=wandb, accelerator=accelerator,
-            devices=devices, precision=precision, mixed_precision=mixed_precision, cpu=cpu, strategy=strategy,
-            gradient_accumulation_steps=gradient_accumulation_steps, gradient_clip_val=gradient_clip_val,
-            gradient_clip_algorithm=gradient_clip_algorithm)
+            has_val_data=val_data is not None,
+            scheduler_interval=self.lr_scheduler_interval,
+            epochs=epochs,
+            patience=patience,
+            monitor=monitor,
+            mode=mode,
+            min_delta=min_delta,
+            ckpt_path=ckpt_path,
+            resume=resume,
+            callbacks=callbacks,
+            verbose=verbose,
+            plot=plot,
+            quiet=quiet,
+            wandb=wandb,
+            accelerator=accelerator,
+            devices=devices,
+            precision=precision,
+            mixed_precision=mixed_precision,
+            cpu=cpu,
+            strategy=strategy,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            gradient_clip_val=gradient_clip_val,
+            gradient_clip_algorithm=gradient_clip_algorithm,
+        )
         self.history = run.fit(self, train_data, val_data, settings)
         return self.history
 
@@ -215,8 +257,9 @@ class KerasModel(ModelParts):
         try:
             target.load_state_dict(state)
         except RuntimeError as error:
-            raise ValueError(f"The weights in {os.fspath(path)!r} do not fit this net ({type(target).__name__}): "
-                             f"{error}") from None
+            raise ValueError(
+                f"The weights in {os.fspath(path)!r} do not fit this net ({type(target).__name__}): {error}"
+            ) from None
 
     # -- helpers for callbacks -----------------------------------------------------------
 

@@ -18,9 +18,8 @@ import dataclasses
 from typing import Any
 
 import torch
-from torch import nn
-
 from accelerate.utils import send_to_device
+from torch import nn
 
 from .batches import first_tensor
 from .data import dry_run_first_batch
@@ -60,8 +59,9 @@ def input_device(net: nn.Module) -> torch.device:
 def output_device(model, data: Any) -> torch.device:
     """Where the net's outputs come out: one batch through it, in eval mode, without gradients."""
     first_device = input_device(model.net)
-    outputs = dry_run_first_batch(model.net, data, "The data",
-                                  lambda batch: model.predict_batch(send_to_device(batch, first_device)))
+    outputs = dry_run_first_batch(
+        model.net, data, "The data", lambda batch: model.predict_batch(send_to_device(batch, first_device))
+    )
     found = first_tensor(outputs)
     return found.device if found is not None else first_device
 

@@ -28,7 +28,8 @@ def in_notebook() -> bool:
         return False
     # ipykernel's shell, or a subclass of it such as Colab's.
     return "IPKernelApp" in getattr(shell, "config", {}) or any(
-        cls.__name__ == "ZMQInteractiveShell" for cls in type(shell).__mro__)
+        cls.__name__ == "ZMQInteractiveShell" for cls in type(shell).__mro__
+    )
 
 
 def has_widgets() -> bool:

@@ -17,9 +17,12 @@ ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
 _PRECISION_ALIASES: dict[Any, str] = {
-    32: "32-true", "32": "32-true",
-    64: "64-true", "64": "64-true",
-    16: "16-mixed", "16": "16-mixed",
+    32: "32-true",
+    "32": "32-true",
+    64: "64-true",
+    "64": "64-true",
+    16: "16-mixed",
+    "16": "16-mixed",
     "bf16": "bf16-mixed",
 }
 # torchkeras's spelling, so its users change only the import.
@@ -101,16 +104,20 @@ def parse_strategy(strategy: Any = "auto") -> str:
         hint = " DeepSpeed is not supported: use strategy='ddp' with precision='bf16-mixed', or Lightning's Trainer."
     elif isinstance(word, str) and word.startswith("fsdp"):
         hint = " Sharding with FSDP is not supported yet: use strategy='ddp'."
-    raise ValueError(f"strategy={strategy!r} is not supported; use one of "
-                     f"{', '.join(repr(s) for s in STRATEGIES)}.{hint}")
+    raise ValueError(
+        f"strategy={strategy!r} is not supported; use one of {', '.join(repr(s) for s in STRATEGIES)}.{hint}"
+    )
 
 
-_DEVICES_ACCEPTED = ("an int k (the first k devices), -1 (all), a list of indices like [0, 2], "
-                     "or a string: '2' (the first 2), '-1' (all), '0, 2' or '2,' (those indices), 'auto'")
+_DEVICES_ACCEPTED = (
+    "an int k (the first k devices), -1 (all), a list of indices like [0, 2], "
+    "or a string: '2' (the first 2), '-1' (all), '0, 2' or '2,' (those indices), 'auto'"
+)
 
 
-def parse_devices(devices: DevicesArg, num_available: int, interactive: bool = False,
-                  kind: str = "device") -> list[int]:
+def parse_devices(
+    devices: DevicesArg, num_available: int, interactive: bool = False, kind: str = "device"
+) -> list[int]:
     """Turn Lightning's ``devices`` argument into a list of device indices.
 
     ``num_available`` is how many devices there are to choose from; ``kind`` names them
@@ -151,7 +158,9 @@ def parse_devices(devices: DevicesArg, num_available: int, interactive: bool = F
         if "," in text:
             parts = [p.strip() for p in text.split(",") if p.strip()]
             if not parts or not all(_is_integer_text(p) for p in parts):
-                raise ValueError(f"devices={devices!r} is not a list of device indices; devices takes {_DEVICES_ACCEPTED}.")
+                raise ValueError(
+                    f"devices={devices!r} is not a list of device indices; devices takes {_DEVICES_ACCEPTED}."
+                )
             return _check_indices([int(p) for p in parts], num_available, devices, plural)
         if not _is_integer_text(text):
             raise ValueError(f"devices={devices!r} is not understood; devices takes {_DEVICES_ACCEPTED}.")
@@ -163,19 +172,27 @@ def parse_devices(devices: DevicesArg, num_available: int, interactive: bool = F
         if count == -1:
             return _first(num_available, num_available, devices, plural)
         if count == 0:
-            raise ValueError(f"devices=0 would train on no {kind} at all. Pass devices=1 for one {kind}, [0] or '0,' "
-                             "for the first one, or accelerator='cpu' to train on the CPU.")
+            raise ValueError(
+                f"devices=0 would train on no {kind} at all. Pass devices=1 for one {kind}, [0] or '0,' "
+                "for the first one, or accelerator='cpu' to train on the CPU."
+            )
         if count < 0:
-            raise ValueError(f"devices={count} is not a number of {plural}; use a positive count, or -1 for all. "
-                             f"devices takes {_DEVICES_ACCEPTED}.")
+            raise ValueError(
+                f"devices={count} is not a number of {plural}; use a positive count, or -1 for all. "
+                f"devices takes {_DEVICES_ACCEPTED}."
+            )
         return _first(count, num_available, devices, plural)
     if isinstance(devices, (list, tuple, range)):
         if len(devices) == 0:
-            raise ValueError(f"devices={devices!r} is empty; name at least one {kind}. devices takes {_DEVICES_ACCEPTED}.")
+            raise ValueError(
+                f"devices={devices!r} is empty; name at least one {kind}. devices takes {_DEVICES_ACCEPTED}."
+            )
         bad = [d for d in devices if isinstance(d, bool) or not isinstance(d, numbers.Integral)]
         if bad:
-            raise TypeError(f"devices={devices!r} holds {bad[0]!r}, a {type(bad[0]).__name__}, where a device index "
-                            f"(an int) belongs; devices takes {_DEVICES_ACCEPTED}.")
+            raise TypeError(
+                f"devices={devices!r} holds {bad[0]!r}, a {type(bad[0]).__name__}, where a device index "
+                f"(an int) belongs; devices takes {_DEVICES_ACCEPTED}."
+            )
         return _check_indices([int(d) for d in devices], num_available, devices, plural)
     raise TypeError(f"devices={devices!r} is a {type(devices).__name__}; devices takes {_DEVICES_ACCEPTED}.")
 
@@ -216,7 +233,9 @@ def _first(count: int, num_available: int, original: Any, plural: str) -> list[i
 def _check_indices(indices: list[int], num_available: int, original: Any, plural: str) -> list[int]:
     repeated = sorted({i for i in indices if indices.count(i) > 1})
     if repeated:
-        raise ValueError(f"devices={original!r} names {plural[:-1]} {repeated[0]} more than once; name each index once.")
+        raise ValueError(
+            f"devices={original!r} names {plural[:-1]} {repeated[0]} more than once; name each index once."
+        )
     wrong = [i for i in indices if i < 0 or i >= num_available]
     if wrong:
         valid = f"valid indices are 0 to {num_available - 1}" if num_available else "there is nothing to choose from"
@@ -227,5 +246,12 @@ def _check_indices(indices: list[int], num_available: int, original: Any, plural
     return indices
 
 
-__all__ = ["ACCELERATORS", "PRECISIONS", "STRATEGIES", "parse_accelerator_word", "parse_devices", "parse_precision",
-           "parse_strategy"]
+__all__ = [
+    "ACCELERATORS",
+    "PRECISIONS",
+    "STRATEGIES",
+    "parse_accelerator_word",
+    "parse_devices",
+    "parse_precision",
+    "parse_strategy",
+]

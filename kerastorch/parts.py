@@ -27,9 +27,15 @@ class ModelParts:
     lr_scheduler: Optional[Any]
     lr_scheduler_interval: str
 
-    def set_parts(self, net: torch.nn.Module, loss_fn: Optional[Any], metrics_dict: Optional[dict],
-                  optimizer: Optional[torch.optim.Optimizer], lr_scheduler: Optional[Any],
-                  lr_scheduler_interval: str) -> None:
+    def set_parts(
+        self,
+        net: torch.nn.Module,
+        loss_fn: Optional[Any],
+        metrics_dict: Optional[dict],
+        optimizer: Optional[torch.optim.Optimizer],
+        lr_scheduler: Optional[Any],
+        lr_scheduler_interval: str,
+    ) -> None:
         """Check and keep the parts; Adam with lr=1e-3 when no optimizer is given."""
         check_model_parts(net, loss_fn, lr_scheduler, lr_scheduler_interval)
         self.net = net
@@ -73,12 +79,15 @@ def check_loss_fn(model: ModelParts) -> None:
     """A loss object (not its class), required unless ``forward_batch`` computes the loss itself."""
     if isinstance(model.loss_fn, type):
         name = model.loss_fn.__name__
-        raise TypeError(f"loss_fn is the class {name}, not a loss. Pass an instance: loss_fn=nn.{name}() "
-                        "(note the brackets).")
+        raise TypeError(
+            f"loss_fn is the class {name}, not a loss. Pass an instance: loss_fn=nn.{name}() (note the brackets)."
+        )
     if model.loss_fn is None and type(model).forward_batch is ModelParts.forward_batch:
         kind = type(model).__name__
-        raise ValueError(f"{kind} has no loss_fn. Pass one, e.g. {kind}(net, loss_fn=nn.CrossEntropyLoss()), "
-                         "or override forward_batch to compute the loss yourself.")
+        raise ValueError(
+            f"{kind} has no loss_fn. Pass one, e.g. {kind}(net, loss_fn=nn.CrossEntropyLoss()), "
+            "or override forward_batch to compute the loss yourself."
+        )
 
 
 __all__ = ["ModelParts", "check_loss_fn", "check_model_parts"]

@@ -21,8 +21,9 @@ from .options import TRUE_PRECISION_OF
 from .runtime import Runtime, uniform_floating_dtype
 
 
-def place_model(net: nn.Module, loss_fn: Any, optimizer: Optional[torch.optim.Optimizer], runtime: Runtime,
-                move_net: bool = True) -> None:
+def place_model(
+    net: nn.Module, loss_fn: Any, optimizer: Optional[torch.optim.Optimizer], runtime: Runtime, move_net: bool = True
+) -> None:
     """Move ``net`` (and a module ``loss_fn``) to the runtime's device and dtype, and the optimizer's state with them.
 
     When the net has to be brought back to float32, ``runtime.param_dtype`` becomes

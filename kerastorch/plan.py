@@ -104,7 +104,9 @@ def parse_accelerator(accelerator: str = "auto", cpu: bool = False) -> str:
     if word == "cuda" and not has_cuda:
         raise RuntimeError(f"accelerator='cuda' was asked for, but {why_no_cuda()}. Use accelerator='cpu' or 'auto'.")
     if word == "mps" and not has_mps:
-        raise RuntimeError("accelerator='mps' was asked for, but no Apple MPS device is available; use 'cpu' or 'auto'.")
+        raise RuntimeError(
+            "accelerator='mps' was asked for, but no Apple MPS device is available; use 'cpu' or 'auto'."
+        )
     return word
 
 

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import functools
 import io
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import pandas as pd
 
+if TYPE_CHECKING:  # matplotlib itself is imported on first use
+    from matplotlib.figure import Figure
 
 PREFIXES = ("train_", "val_")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _figure_class():
     """``HistoryFigure``, defined on first use: importing matplotlib costs half a second,
     which ``import kerastorch`` should not pay when nothing is plotted."""
@@ -42,8 +44,8 @@ def history_quantities(columns: Sequence[str]) -> list[str]:
     found: list[str] = []
     for col in columns:
         for prefix in PREFIXES:
-            if col.startswith(prefix) and col[len(prefix):] not in found:
-                found.append(col[len(prefix):])
+            if col.startswith(prefix) and col[len(prefix) :] not in found:
+                found.append(col[len(prefix) :])
     return found
 
 
@@ -51,7 +53,7 @@ def bare_name(column: str) -> str:
     """``"val_acc"`` -> ``"acc"``; a name without a prefix is returned as it is."""
     for prefix in PREFIXES:
         if column.startswith(prefix):
-            return column[len(prefix):]
+            return column[len(prefix) :]
     return column
 
 
@@ -64,8 +66,9 @@ def best_epoch(dfhistory: pd.DataFrame, monitor: Optional[str], mode: str = "min
     return int(dfhistory.loc[index, "epoch"]), float(scores.loc[index])
 
 
-def plot_history(dfhistory: pd.DataFrame, metrics: Optional[Sequence[str]] = None, monitor: Optional[str] = None,
-                 mode: str = "min") -> "matplotlib.figure.Figure":
+def plot_history(
+    dfhistory: pd.DataFrame, metrics: Optional[Sequence[str]] = None, monitor: Optional[str] = None, mode: str = "min"
+) -> Figure:
     """A figure with one panel per quantity (loss, then each metric), train and val curves
     together, the best epoch of ``monitor`` marked and the best score in the title.
 
@@ -80,8 +83,10 @@ def plot_history(dfhistory: pd.DataFrame, metrics: Optional[Sequence[str]] = Non
     >>> fig = kt.plot_history(dfhistory, monitor="val_acc", mode="max")   # doctest: +SKIP
     """
     if not isinstance(dfhistory, pd.DataFrame) or "epoch" not in dfhistory:
-        raise ValueError("plot_history takes the DataFrame that fit returns (it has an 'epoch' column); "
-                         f"got a {type(dfhistory).__name__}.")
+        raise ValueError(
+            "plot_history takes the DataFrame that fit returns (it has an 'epoch' column); "
+            f"got a {type(dfhistory).__name__}."
+        )
     if len(dfhistory) == 0:
         raise ValueError("plot_history got a history with no epochs: train for at least one epoch first.")
     if mode not in ("min", "max"):
@@ -91,8 +96,9 @@ def plot_history(dfhistory: pd.DataFrame, metrics: Optional[Sequence[str]] = Non
     if monitor is None:
         monitor = "val_loss" if "val_loss" in dfhistory else "train_loss"
     elif monitor not in dfhistory:
-        raise ValueError(f"monitor={monitor!r} is not a column of this history; its columns are "
-                         f"{list(dfhistory.columns)}.")
+        raise ValueError(
+            f"monitor={monitor!r} is not a column of this history; its columns are {list(dfhistory.columns)}."
+        )
 
     fig = _figure_class()(figsize=(4.6 * len(quantities), 3.4), layout="constrained")
     axes = fig.subplots(1, len(quantities), squeeze=False)[0]
@@ -128,8 +134,10 @@ def _chosen_quantities(metrics: Optional[Sequence[str]], available: list[str]) -
     for name in metrics:
         bare = bare_name(name)
         if bare not in available:
-            raise ValueError(f"plot_history has no {name!r} to plot; this history has {available} "
-                             "(with or without the train_/val_ prefix).")
+            raise ValueError(
+                f"plot_history has no {name!r} to plot; this history has {available} "
+                "(with or without the train_/val_ prefix)."
+            )
         if bare not in chosen:
             chosen.append(bare)
     return chosen or available

@@ -91,11 +91,15 @@ def _set_counter(loader: Any, dotted: str, value: int) -> bool:
 def capture_rng_state(loaders: Iterable[Any] = ()) -> dict:
     """The state of python's, numpy's and torch's generators (CPU, CUDA, MPS) and of the
     loaders' own shuffle generators."""
-    kind, key, pos, has_gauss, gauss = np.random.get_state()
+    _, key, pos, has_gauss, gauss = np.random.get_state()
     state = {
         "python": random.getstate(),
-        "numpy": {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "numpy": {
+            "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "mps": torch.mps.get_rng_state() if mps_available() else None,
@@ -109,28 +113,44 @@ def restore_rng_state(state: dict, loaders: Iterable[Any] = ()) -> None:
     """Put back what :func:`capture_rng_state` returned, for the same loaders."""
     random.setstate(_as_tuples(state["python"]))
     numpy_state = state["numpy"]
-    np.random.set_state(("MT19937", numpy_state["key"].numpy().astype(np.uint32), numpy_state["pos"],
-                         numpy_state["has_gauss"], numpy_state["gauss"]))
+    np.random.set_state(
+        (
+            "MT19937",
+            numpy_state["key"].numpy().astype(np.uint32),
+            numpy_state["pos"],
+            numpy_state["has_gauss"],
+            numpy_state["gauss"],
+        )
+    )
     torch.set_rng_state(state["torch"])
     cuda_states = state.get("cuda") or []
     if cuda_states:
         if torch.cuda.is_available() and torch.cuda.device_count() == len(cuda_states):
             torch.cuda.set_rng_state_all(cuda_states)
         else:
-            warnings.warn("The saved run used a different number of CUDA devices; their random state is not restored, "
-                          "so dropout on the GPU will not repeat the saved run exactly.", stacklevel=2)
+            warnings.warn(
+                "The saved run used a different number of CUDA devices; their random state is not restored, "
+                "so dropout on the GPU will not repeat the saved run exactly.",
+                stacklevel=2,
+            )
     if state.get("mps") is not None and mps_available():
         torch.mps.set_rng_state(state["mps"])
     loaders = list(loaders)
     for loader, counters in zip(loaders, state.get("data_counters", [])):
         if not all(_set_counter(loader, dotted, value) for dotted, value in counters.items()):
-            warnings.warn("A DataLoader is built differently from the saved run's (its sampler's epoch counter is "
-                          "missing); its data order may differ from the saved run's.", stacklevel=2)
+            warnings.warn(
+                "A DataLoader is built differently from the saved run's (its sampler's epoch counter is "
+                "missing); its data order may differ from the saved run's.",
+                stacklevel=2,
+            )
     for loader, saved in zip(loaders, state.get("data_order", [])):
         generators = data_order_generators(loader)
         if len(generators) != len(saved):
-            warnings.warn("A DataLoader has a different number of shuffle generators than in the saved run; its data "
-                          "order is not restored.", stacklevel=2)
+            warnings.warn(
+                "A DataLoader has a different number of shuffle generators than in the saved run; its data "
+                "order is not restored.",
+                stacklevel=2,
+            )
             continue
         for generator, generator_state in zip(generators, saved):
             generator.set_state(generator_state)

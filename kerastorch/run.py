@@ -54,8 +54,9 @@ def fit(model: TrainableModel, train_data: Any, val_data: Optional[Any], setting
     return fit_here(model, train_data, val_data, settings, plan)
 
 
-def fit_here(model: TrainableModel, train_data: Any, val_data: Optional[Any], settings: FitSettings,
-             plan: Plan) -> pd.DataFrame:
+def fit_here(
+    model: TrainableModel, train_data: Any, val_data: Optional[Any], settings: FitSettings, plan: Plan
+) -> pd.DataFrame:
     """The run in this process: alone (``plan.where == "here"``) or as one rank of a job."""
     runtime = build_runtime(plan)
     if is_model_parallel(model.net):
@@ -68,20 +69,30 @@ def fit_here(model: TrainableModel, train_data: Any, val_data: Optional[Any], se
             if not runtime.is_main_process:  # one process prints, draws and logs
                 settings = dataclasses.replace(settings, output=settings.output.silenced())
             callbacks = callbacks_for_fit(model, settings, train_loader, val_loader)
-            meters = {stage: EpochMeters(stage, model.metrics_dict, runtime.outputs_device, runtime.reduce_sum)
-                      for stage in ("train", "val")}
+            meters = {
+                stage: EpochMeters(stage, model.metrics_dict, runtime.outputs_device, runtime.reduce_sum)
+                for stage in ("train", "val")
+            }
             steps = StepRunner(model, runtime, settings.step, callbacks)
             if settings.output.verbose:
                 model.print(runtime.describe())
-            return train_with_callbacks(model, train_loader, val_loader, runtime, callbacks, meters, steps,
-                                        settings.epochs)
+            return train_with_callbacks(
+                model, train_loader, val_loader, runtime, callbacks, meters, steps, settings.epochs
+            )
     finally:
         runtime.teardown()
 
 
-def train_with_callbacks(model: TrainableModel, train_loader: Any, val_loader: Optional[Any], runtime: Runtime,
-                         callbacks: CallbackList, meters: dict[str, EpochMeters], steps: StepRunner,
-                         epochs: int) -> pd.DataFrame:
+def train_with_callbacks(
+    model: TrainableModel,
+    train_loader: Any,
+    val_loader: Optional[Any],
+    runtime: Runtime,
+    callbacks: CallbackList,
+    meters: dict[str, EpochMeters],
+    steps: StepRunner,
+    epochs: int,
+) -> pd.DataFrame:
     """The epochs between ``on_train_begin`` and ``on_train_end``; Ctrl-C returns the history so far."""
     rows: list[dict] = []
     model.stop_training = False
@@ -90,11 +101,23 @@ def train_with_callbacks(model: TrainableModel, train_loader: Any, val_loader: O
     rows.extend(resumed_history(callbacks))
     try:
         if not model.stop_training:  # a resumed run that had already stopped early stays stopped
-            fit_loop(model, train_loader, val_loader, runtime, callbacks, meters, steps, epochs, rows,
-                     first_epoch=rows[-1]["epoch"] + 1 if rows else 1)
+            fit_loop(
+                model,
+                train_loader,
+                val_loader,
+                runtime,
+                callbacks,
+                meters,
+                steps,
+                epochs,
+                rows,
+                first_epoch=rows[-1]["epoch"] + 1 if rows else 1,
+            )
     except KeyboardInterrupt:
-        model.print(f"Interrupted during epoch {len(rows) + 1}: returning the history of the {len(rows)} "
-                    "finished epoch(s) with the best weights restored.")
+        model.print(
+            f"Interrupted during epoch {len(rows) + 1}: returning the history of the {len(rows)} "
+            "finished epoch(s) with the best weights restored."
+        )
     finally:
         model.step_runner = None
         model.history = history_frame(rows)
@@ -102,16 +125,19 @@ def train_with_callbacks(model: TrainableModel, train_loader: Any, val_loader: O
     return model.history
 
 
-def callbacks_for_fit(model: TrainableModel, settings: FitSettings, train_loader: Any,
-                      val_loader: Optional[Any]) -> CallbackList:
+def callbacks_for_fit(
+    model: TrainableModel, settings: FitSettings, train_loader: Any, val_loader: Optional[Any]
+) -> CallbackList:
     """fit's own callbacks, the user's, the training state (it keeps theirs) and the progress bar.
 
     They run in the order of their ``order`` attribute (see :class:`~kerastorch.Callback`).
     """
     watch, output = settings.monitoring, settings.output
     says = int(output.verbose > 0)
-    chosen: list[Any] = [TerminateOnNaN(verbose=says),
-                         RestoreBestWeights(watch.monitor, watch.mode, watch.min_delta, ckpt_path=watch.ckpt_path)]
+    chosen: list[Any] = [
+        TerminateOnNaN(verbose=says),
+        RestoreBestWeights(watch.monitor, watch.mode, watch.min_delta, ckpt_path=watch.ckpt_path),
+    ]
     if watch.patience is not None:
         chosen.append(EarlyStopping(watch.monitor, watch.mode, watch.patience, watch.min_delta, verbose=says))
     if output.plot:
@@ -119,21 +145,29 @@ def callbacks_for_fit(model: TrainableModel, settings: FitSettings, train_loader
     if output.wandb:
         chosen.append(WandbLogger(**(output.wandb if isinstance(output.wandb, dict) else {})))
     chosen.extend(settings.callbacks or [])
-    if watch.resume:
-        chosen.append(TrainingState(training_state_path(watch.ckpt_path), list(chosen), (train_loader, val_loader),
-                                    verbose=says))
+    if watch.resume and watch.ckpt_path is not None:  # checks.check_resume: resume needs a ckpt_path
+        chosen.append(
+            TrainingState(training_state_path(watch.ckpt_path), list(chosen), (train_loader, val_loader), verbose=says)
+        )
     chosen.append(ProgressBar(verbose=output.verbose))
-    params = {"epochs": settings.epochs, "steps": num_batches(train_loader), "verbose": output.verbose,
-              "monitor": watch.monitor, "mode": watch.mode,
-              "metrics": history_columns(model.metrics_dict, val_loader is not None), "ckpt_path": watch.ckpt_path}
+    params = {
+        "epochs": settings.epochs,
+        "steps": num_batches(train_loader),
+        "verbose": output.verbose,
+        "monitor": watch.monitor,
+        "mode": watch.mode,
+        "metrics": history_columns(model.metrics_dict, val_loader is not None),
+        "ckpt_path": watch.ckpt_path,
+    }
     return CallbackList(chosen, model, params)
 
 
 # -- results of a run in workers ------------------------------------------------------------
 
 
-def _fit_as_worker(model: TrainableModel, train_data: Any, val_data: Optional[Any], settings: FitSettings,
-                   plan: Plan) -> dict:
+def _fit_as_worker(
+    model: TrainableModel, train_data: Any, val_data: Optional[Any], settings: FitSettings, plan: Plan
+) -> dict:
     history = fit_here(model, train_data, val_data, settings, plan)
     return results_of(model, history)
 
@@ -153,7 +187,7 @@ def take_results(model: TrainableModel, results: dict) -> pd.DataFrame:
     """Load what the main worker sent back into the caller's model; return the history."""
     unwrap(model.net).load_state_dict(results["weights"])
     model.optimizer.load_state_dict(results["optimizer"])
-    if results["lr_scheduler"] is not None:
+    if model.lr_scheduler is not None and results["lr_scheduler"] is not None:
         model.lr_scheduler.load_state_dict(results["lr_scheduler"])
     model.stop_training = results["stop_training"]
     model.runtime = None

@@ -142,8 +142,10 @@ def build_runtime(plan: Plan) -> Runtime:
         if precision.startswith("bf16") and not torch.cuda.is_bf16_supported():
             if not in_job:
                 reset_accelerate_state()
-            raise ValueError(f"precision={precision!r}: {torch.cuda.get_device_name(acc.device)} has no bfloat16 support. "
-                             "Use precision='16-mixed' on this GPU.")
+            raise ValueError(
+                f"precision={precision!r}: {torch.cuda.get_device_name(acc.device)} has no bfloat16 support. "
+                "Use precision='16-mixed' on this GPU."
+            )
     if in_job:
         check_job_formed(acc, plan.device_type)
     scaler = None
@@ -180,10 +182,18 @@ def uniform_floating_dtype(module: torch.nn.Module) -> Optional[torch.dtype]:
 
 def runtime_for_net(net: torch.nn.Module) -> Runtime:
     """A single-process runtime on the device and dtype the net already has (for evaluate/predict)."""
-    tensors = list(net.parameters()) or list(net.buffers())
+    tensors: list[torch.Tensor] = [*net.parameters()] or [*net.buffers()]
     device = tensors[0].device if tensors else torch.device("cpu")
     param_dtype = uniform_floating_dtype(net)
     if param_dtype == torch.float32:
         param_dtype = None
-    return Runtime(accelerator=None, device=device, precision=TRUE_PRECISION_OF.get(param_dtype, "32-true"),
-                   autocast_dtype=None, param_dtype=param_dtype, scaler=None, owns_state=False)
+    precision = TRUE_PRECISION_OF.get(param_dtype, "32-true") if param_dtype is not None else "32-true"
+    return Runtime(
+        accelerator=None,
+        device=device,
+        precision=precision,
+        autocast_dtype=None,
+        param_dtype=param_dtype,
+        scaler=None,
+        owns_state=False,
+    )

@@ -73,12 +73,32 @@ class FitSettings:
     step: StepSettings
 
 
-def fit_settings(*, has_val_data: bool, scheduler_interval: str, epochs: int, patience: Optional[int],
-                 monitor: Optional[str], mode: str, min_delta: float, ckpt_path: Any, resume: Any,
-                 callbacks: Any, verbose: Any, plot: bool, quiet: Optional[bool], wandb: Any,
-                 accelerator: Any, devices: Any, precision: Any, mixed_precision: Optional[str], cpu: bool,
-                 strategy: Any, gradient_accumulation_steps: Any, gradient_clip_val: Any,
-                 gradient_clip_algorithm: Any) -> FitSettings:
+def fit_settings(
+    *,
+    has_val_data: bool,
+    scheduler_interval: str,
+    epochs: int,
+    patience: Optional[int],
+    monitor: Optional[str],
+    mode: str,
+    min_delta: float,
+    ckpt_path: Any,
+    resume: Any,
+    callbacks: Any,
+    verbose: Any,
+    plot: bool,
+    quiet: Optional[bool],
+    wandb: Any,
+    accelerator: Any,
+    devices: Any,
+    precision: Any,
+    mixed_precision: Optional[str],
+    cpu: bool,
+    strategy: Any,
+    gradient_accumulation_steps: Any,
+    gradient_clip_val: Any,
+    gradient_clip_algorithm: Any,
+) -> FitSettings:
     """Group ``fit``'s keywords. Words are parsed here; numbers are checked by :mod:`kerastorch.checks`."""
     if quiet is not None:  # torchkeras's quiet=True is verbose=0
         verbose = 0 if quiet else verbose
@@ -88,10 +108,15 @@ def fit_settings(*, has_val_data: bool, scheduler_interval: str, epochs: int, pa
         callbacks=callbacks,
         monitoring=MonitorSettings(monitor, mode, min_delta, patience, ckpt_path, resume),
         output=OutputSettings(verbose, plot, wandb),
-        devices=DeviceSettings(parse_accelerator_word(accelerator, cpu), devices,
-                               parse_precision(precision, mixed_precision), parse_strategy(strategy)),
-        step=StepSettings(gradient_accumulation_steps, gradient_clip_val, gradient_clip_algorithm,
-                          scheduler_interval, monitor),
+        devices=DeviceSettings(
+            parse_accelerator_word(accelerator, cpu),
+            devices,
+            parse_precision(precision, mixed_precision),
+            parse_strategy(strategy),
+        ),
+        step=StepSettings(
+            gradient_accumulation_steps, gradient_clip_val, gradient_clip_algorithm, scheduler_interval, monitor
+        ),
     )
 
 

@@ -46,8 +46,10 @@ def to_plain(obj: Any, where: str = "state") -> Any:
         plain = type(obj)()
         for key, value in obj.items():
             if type(key) not in (str, int):
-                raise TypeError(f"{where} has the key {key!r} (a {type(key).__name__}); a training state's keys must "
-                                "be strings or ints.")
+                raise TypeError(
+                    f"{where} has the key {key!r} (a {type(key).__name__}); a training state's keys must "
+                    "be strings or ints."
+                )
             plain[key] = to_plain(value, f"{where}[{key!r}]")
         return plain
     if type(obj) in (list, tuple):
@@ -70,12 +72,17 @@ def load_state_file(path: str | os.PathLike) -> dict:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"No training state at {path!r}.")
-    state = load_plain(path, "{path!r} could not be read as a training state, so it was not loaded (only plain "
-                             "tensors and numbers are read, never code stored in the file): {reason}. If the file "
-                             "is damaged or not yours, delete it to start fresh, or pass resume=False.")
+    state = load_plain(
+        path,
+        "{path!r} could not be read as a training state, so it was not loaded (only plain "
+        "tensors and numbers are read, never code stored in the file): {reason}. If the file "
+        "is damaged or not yours, delete it to start fresh, or pass resume=False.",
+    )
     if not isinstance(state, dict):
-        raise ValueError(f"{path!r} holds a {type(state).__name__}, not a training state. Delete it to start fresh, "
-                         "or pass resume=False.")
+        raise ValueError(
+            f"{path!r} holds a {type(state).__name__}, not a training state. Delete it to start fresh, "
+            "or pass resume=False."
+        )
     return state
 
 

@@ -136,7 +136,7 @@ class StepRunner:
 
     def _update_scaler(self) -> None:
         # Once per batch, after every optimizer has stepped, as torch's AMP recipe asks.
-        if self._scaler_stepped:
+        if self._scaler_stepped and self.scaler is not None:
             self.scaler.update()
             self._scaler_stepped = False
 

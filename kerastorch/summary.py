@@ -38,8 +38,10 @@ class ModelSummary:
     params_size_mb: float
 
     def __str__(self) -> str:
-        rows = [(row.layer, row.output_shape, "(reused)" if row.reused else f"{row.params:,}")
-                for row in self.table.itertuples(index=False)]
+        rows = [
+            (row.layer, row.output_shape, "(reused)" if row.reused else f"{row.params:,}")
+            for row in self.table.itertuples(index=False)
+        ]
         header = ("Layer (type)", "Output Shape", "Param #")
         widths = [max([len(header[i]), *(len(r[i]) for r in rows)]) for i in range(3)]
         widths[0], widths[1] = min(widths[0], 60), min(widths[1], 40)
@@ -47,29 +49,39 @@ class ModelSummary:
 
         def line(cells):
             layer, shape, params = cells
-            return (f"{_clip(layer, widths[0]):<{widths[0]}}  {_clip(shape, widths[1]):<{widths[1]}}  "
-                    f"{params:>{widths[2]}}")
+            return (
+                f"{_clip(layer, widths[0]):<{widths[0]}}  {_clip(shape, widths[1]):<{widths[1]}}  {params:>{widths[2]}}"
+            )
 
-        lines = ["-" * width, line(header), "=" * width, *(line(r) for r in rows), "=" * width,
-                 f"Total params: {self.total_params:,}",
-                 f"Trainable params: {self.trainable_params:,}",
-                 f"Non-trainable params: {self.non_trainable_params:,}",
-                 "-" * width,
-                 f"Params size (MB): {self.params_size_mb:.6f}",
-                 "-" * width]
+        lines = [
+            "-" * width,
+            line(header),
+            "=" * width,
+            *(line(r) for r in rows),
+            "=" * width,
+            f"Total params: {self.total_params:,}",
+            f"Trainable params: {self.trainable_params:,}",
+            f"Non-trainable params: {self.non_trainable_params:,}",
+            "-" * width,
+            f"Params size (MB): {self.params_size_mb:.6f}",
+            "-" * width,
+        ]
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        return (f"ModelSummary(total_params={self.total_params:,}, trainable_params={self.trainable_params:,}, "
-                f"non_trainable_params={self.non_trainable_params:,}, params_size_mb={self.params_size_mb:.4f})")
+        return (
+            f"ModelSummary(total_params={self.total_params:,}, trainable_params={self.trainable_params:,}, "
+            f"non_trainable_params={self.non_trainable_params:,}, params_size_mb={self.params_size_mb:.4f})"
+        )
 
 
 def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def summary(net_or_model: Any, input_data: Any = None, input_shape: Optional[Sequence] = None,
-            print_table: bool = True) -> ModelSummary:
+def summary(
+    net_or_model: Any, input_data: Any = None, input_shape: Optional[Sequence] = None, print_table: bool = True
+) -> ModelSummary:
     """Run one forward pass (eval mode, no gradients) and tabulate the layers it went through.
 
     ``input_data`` is what the net takes: a tensor, a tuple of tensors for a net with
@@ -89,11 +101,14 @@ def summary(net_or_model: Any, input_data: Any = None, input_shape: Optional[Seq
     if not isinstance(net, nn.Module):
         raise TypeError(f"summary takes a net (nn.Module) or a KerasModel; got a {type(net_or_model).__name__}.")
     if (input_data is None) == (input_shape is None):
-        raise ValueError("summary needs exactly one of input_data=... (a batch the net takes, e.g. "
-                         "next(iter(dl_train))[0]) or input_shape=(...) (one sample's shape, without the batch).")
+        raise ValueError(
+            "summary needs exactly one of input_data=... (a batch the net takes, e.g. "
+            "next(iter(dl_train))[0]) or input_shape=(...) (one sample's shape, without the batch)."
+        )
     params = list(net.parameters())
     made_from_shape = input_data is None
-    if made_from_shape:
+    if input_data is None:
+        assert input_shape is not None  # exactly one of the two was given, checked above
         input_data = _zeros_for(input_shape, params)
 
     names = {module: name for name, module in net.named_modules()}  # shared modules: their first name
@@ -107,8 +122,15 @@ def summary(net_or_model: Any, input_data: Any = None, input_shape: Optional[Seq
         new = [p for p in own if id(p) not in counted]
         counted.update(id(p) for p in new)
         reused = any(row["module"] is module for row in rows)
-        rows.append({"layer": _label(module, names), "output_shape": shape, "params": sum(p.numel() for p in new),
-                     "reused": reused and bool(own), "module": module})
+        rows.append(
+            {
+                "layer": _label(module, names),
+                "output_shape": shape,
+                "params": sum(p.numel() for p in new),
+                "reused": reused and bool(own),
+                "module": module,
+            }
+        )
         return len(rows) - 1
 
     # A row is opened when a module starts (so rows read in call order, containers above
@@ -132,7 +154,8 @@ def summary(net_or_model: Any, input_data: Any = None, input_shape: Optional[Seq
         raise RuntimeError(
             f"summary could not run {type(net).__name__} on the input{made}: {_describe(input_data)}. "
             f"The net raised {type(error).__name__}: {error}\nPass input_data= a real batch the net takes, e.g. "
-            "next(iter(dl_train))[0] (a tuple or a dict for several inputs; integer ids for an Embedding).") from error
+            "next(iter(dl_train))[0] (a tuple or a dict for several inputs; integer ids for an Embedding)."
+        ) from error
     finally:
         for handle in handles:
             handle.remove()
@@ -175,8 +198,10 @@ def _zeros_for(input_shape: Sequence, params: list) -> Any:
     if shapes and all(isinstance(s, (list, tuple, torch.Size)) for s in shapes):  # several inputs
         return tuple(torch.zeros((1, *s), device=device, dtype=dtype) for s in shapes)
     if not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shapes):
-        raise ValueError(f"input_shape={input_shape!r} must be one sample's shape, like (1, 28, 28), "
-                         "or a list of such shapes for a net with several inputs.")
+        raise ValueError(
+            f"input_shape={input_shape!r} must be one sample's shape, like (1, 28, 28), "
+            "or a list of such shapes for a net with several inputs."
+        )
     return torch.zeros((1, *shapes), device=device, dtype=dtype)
 
 
@@ -200,16 +225,20 @@ def _call(net: nn.Module, input_data: Any) -> Any:
 def _takes_keywords(parameters: list, data: dict) -> bool:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return True
-    names = {p.name for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                                       inspect.Parameter.KEYWORD_ONLY)}
+    names = {
+        p.name
+        for p in parameters
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }
     return set(data) <= names
 
 
 def _positional_slots(parameters: list) -> float:
     if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
         return float("inf")
-    return sum(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-               for p in parameters)
+    return sum(
+        p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in parameters
+    )
 
 
 def _batch_size(input_data: Any) -> Optional[int]:

@@ -41,8 +41,7 @@ def kernel_environment() -> dict:
     return env
 
 
-def execute_notebook(source: Path, destination: Optional[Path] = None, timeout: int = 600,
-                     allow_errors: bool = False):
+def execute_notebook(source: Path, destination: Optional[Path] = None, timeout: int = 600, allow_errors: bool = False):
     """Run ``source`` top to bottom and write it, with outputs, to ``destination``
     (default: over ``source``). Returns the executed notebook (an ``nbformat`` node).
 
@@ -54,9 +53,15 @@ def execute_notebook(source: Path, destination: Optional[Path] = None, timeout: 
 
     notebook = nbformat.read(source, as_version=4)
     with tempfile.TemporaryDirectory(prefix="kerastorch_notebook_") as workdir:
-        client = NotebookClient(notebook, kernel_name="python3", timeout=timeout, record_timing=False,
-                                allow_errors=allow_errors,
-                                store_widget_state=True, resources={"metadata": {"path": workdir}})
+        client = NotebookClient(
+            notebook,
+            kernel_name="python3",
+            timeout=timeout,
+            record_timing=False,
+            allow_errors=allow_errors,
+            store_widget_state=True,
+            resources={"metadata": {"path": workdir}},
+        )
         client.execute(env=kernel_environment())
     nbformat.validate(notebook)
     nbformat.write(notebook, destination or source)
@@ -66,8 +71,9 @@ def execute_notebook(source: Path, destination: Optional[Path] = None, timeout: 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", help="notebook file names in notebooks/ (default: all tutorials)")
-    parser.add_argument("--allow-errors", action="store_true",
-                        help="keep going after a failing cell and save the error as its output")
+    parser.add_argument(
+        "--allow-errors", action="store_true", help="keep going after a failing cell and save the error as its output"
+    )
     args = parser.parse_args(argv)
     paths = [NOTEBOOKS_DIR / name for name in args.names] if args.names else tutorial_notebooks()
     for path in paths:

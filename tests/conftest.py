@@ -24,7 +24,7 @@ def one_thread():
 def digits8():
     """(train, val) TensorDatasets of flattened 8x8 digits: 1348 and 449 samples."""
     ds_train, ds_val = digits_datasets(size=8, seed=0)
-    flat = lambda ds: TensorDataset(ds.tensors[0].flatten(1), ds.tensors[1])  # noqa: E731
+    flat = lambda ds: TensorDataset(ds.tensors[0].flatten(1), ds.tensors[1])
     return flat(ds_train), flat(ds_val)
 
 

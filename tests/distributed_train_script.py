@@ -26,14 +26,23 @@ def main(out_dir: str) -> None:
     dl_train, dl_val = digits_loaders(batch_size=64, size=8)
     net = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
     initial = {k: v.clone() for k, v in net.state_dict().items()}
-    model = kt.KerasModel(net, nn.CrossEntropyLoss(),
-                          {"acc": torchmetrics.Accuracy(task="multiclass", num_classes=10)},
-                          torch.optim.Adam(net.parameters(), lr=1e-2))
+    model = kt.KerasModel(
+        net,
+        nn.CrossEntropyLoss(),
+        {"acc": torchmetrics.Accuracy(task="multiclass", num_classes=10)},
+        torch.optim.Adam(net.parameters(), lr=1e-2),
+    )
     ckpt_path = os.path.join(out_dir, f"node{rank}", "best.safetensors")
     history = model.fit(dl_train, dl_val, epochs=3, accelerator="cpu", ckpt_path=ckpt_path, verbose=2)
-    torch.save({"final": model.net.state_dict(), "initial": initial, "history": history.to_dict("list"),
-                "num_processes": model.runtime.num_processes if model.runtime else None},
-               os.path.join(out_dir, f"rank{rank}.pt"))
+    torch.save(
+        {
+            "final": model.net.state_dict(),
+            "initial": initial,
+            "history": history.to_dict("list"),
+            "num_processes": model.runtime.num_processes if model.runtime else None,
+        },
+        os.path.join(out_dir, f"rank{rank}.pt"),
+    )
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump({"rank": rank, "epochs": len(history)}, f)
     if torch.distributed.is_initialized():  # close gloo before exit, not in the interpreter's teardown

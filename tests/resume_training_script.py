@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import kerastorch as kt
 import kerastorch.state_file
+from helpers import accuracy
 from kerastorch.checkpoint import atomic_path
 
 
@@ -73,10 +74,6 @@ def die_in_the_nth_write(n):
     kerastorch.state_file.atomic_write = write
 
 
-def accuracy(preds, labels):
-    return (preds.argmax(dim=1) == labels).float().mean()
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out_dir")
@@ -96,8 +93,18 @@ def main():
     callbacks = [KillAt(*args.kill_at)] if args.kill_at else []
     if args.kill_in_write:
         die_in_the_nth_write(args.kill_in_write)
-    history = model.fit(dl_train, dl_val, epochs=6, patience=4, monitor="val_acc", mode="max",
-                        ckpt_path=args.ckpt_path, resume=True, verbose=0, callbacks=callbacks)
+    history = model.fit(
+        dl_train,
+        dl_val,
+        epochs=6,
+        patience=4,
+        monitor="val_acc",
+        mode="max",
+        ckpt_path=args.ckpt_path,
+        resume=True,
+        verbose=0,
+        callbacks=callbacks,
+    )
     with open(os.path.join(args.out_dir, "history.json"), "w") as f:
         json.dump(history.to_dict(orient="list"), f)
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, os.path.join(args.out_dir, "final.safetensors"))

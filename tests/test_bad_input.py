@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import kerastorch as kt
+from helpers import accuracy
 
 torch.manual_seed(0)
 X, Y = torch.randn(32, 4), torch.randint(0, 3, (32,))
@@ -21,10 +22,6 @@ X, Y = torch.randn(32, 4), torch.randint(0, 3, (32,))
 
 def loader(x=X, y=Y, **kwargs):
     return DataLoader(TensorDataset(x, y), batch_size=8, **kwargs)
-
-
-def accuracy(preds, labels):
-    return (preds.argmax(dim=1) == labels).float().mean()
 
 
 def make_model(loss_fn=nn.CrossEntropyLoss(), optimizer=None, lr_scheduler=None) -> kt.KerasModel:
@@ -37,98 +34,216 @@ def make_model(loss_fn=nn.CrossEntropyLoss(), optimizer=None, lr_scheduler=None)
 
 def fit_with(model_overrides=None, **fit_arguments):
     """Returns a function that builds the model, makes the mistake and returns the model."""
+
     def run(state):
         model = make_model(**(model_overrides or {}))
         state["model"] = model
         state["before"] = {k: v.clone() for k, v in model.net.state_dict().items()}
         arguments = {"train_data": loader(), "verbose": 0, **fit_arguments}
         model.fit(**arguments)
+
     return run
 
 
 CASES = [
-    pytest.param(fit_with(val_data=loader(), monitor="val_accuracy"), ValueError,
-                 r"monitor='val_accuracy' is not a value this run produces; available: train_loss, train_acc, lr, "
-                 r"val_loss, val_acc\. Did you mean 'val_acc'\?", id="wrong monitor"),
-    pytest.param(fit_with(val_data=loader(), mode="maximum"), ValueError,
-                 r"mode='maximum' is not supported; use 'min' .* or 'max'", id="mode not min/max"),
-    pytest.param(fit_with(monitor="val_acc"), ValueError,
-                 r"monitor='val_acc' needs validation data, but val_data is None\. Pass val_data=\.\.\., or monitor "
-                 r"one of: train_loss, train_acc, lr\.", id="val monitor without val_data"),
+    pytest.param(
+        fit_with(val_data=loader(), monitor="val_accuracy"),
+        ValueError,
+        r"monitor='val_accuracy' is not a value this run produces; available: train_loss, train_acc, lr, "
+        r"val_loss, val_acc\. Did you mean 'val_acc'\?",
+        id="wrong monitor",
+    ),
+    pytest.param(
+        fit_with(val_data=loader(), mode="maximum"),
+        ValueError,
+        r"mode='maximum' is not supported; use 'min' .* or 'max'",
+        id="mode not min/max",
+    ),
+    pytest.param(
+        fit_with(monitor="val_acc"),
+        ValueError,
+        r"monitor='val_acc' needs validation data, but val_data is None\. Pass val_data=\.\.\., or monitor "
+        r"one of: train_loss, train_acc, lr\.",
+        id="val monitor without val_data",
+    ),
     pytest.param(fit_with(epochs=-1), ValueError, r"epochs=-1 must be a whole number >= 0", id="epochs < 0"),
     pytest.param(fit_with(epochs=2.5), ValueError, r"epochs=2\.5 must be a whole number >= 0", id="epochs not whole"),
-    pytest.param(fit_with(patience=-1), ValueError,
-                 r"patience=-1 must be a whole number >= 0 \(or patience=None to never stop early\)", id="patience < 0"),
-    pytest.param(fit_with(gradient_accumulation_steps=0), ValueError,
-                 r"gradient_accumulation_steps=0 must be a whole number >= 1", id="accumulation < 1"),
-    pytest.param(fit_with(precision="half"), ValueError,
-                 r"precision='half' is not supported; use '32-true', '16-mixed'", id="unknown precision"),
-    pytest.param(fit_with(accelerator="tpu"), ValueError,
-                 r"accelerator='tpu' is not known; use one of 'auto', 'cpu', 'gpu', 'cuda', 'mps'",
-                 id="unknown accelerator"),
-    pytest.param(fit_with(train_data=loader(X[:0], Y[:0])), ValueError,
-                 r"train_data is empty \(0 batches\)\. Check the dataset's size, batch_size and drop_last",
-                 id="empty DataLoader"),
-    pytest.param(fit_with(val_data=loader(X[:4], Y[:4], drop_last=True)), ValueError,
-                 r"val_data is empty \(0 batches\)", id="empty val DataLoader"),
-    pytest.param(fit_with(train_data=5), TypeError,
-                 r"train_data is a int, but it must be an iterable of batches, such as "
-                 r"torch\.utils\.data\.DataLoader\(TensorDataset\(x, y\), batch_size=32\)", id="not iterable"),
-    pytest.param(fit_with(train_data=X), TypeError, r"train_data is a Tensor, but it must be an iterable of batches",
-                 id="a tensor as data"),
-    pytest.param(fit_with(train_data=TensorDataset(X, Y)), TypeError,
-                 r"train_data is a TensorDataset, a Dataset; fit needs batches\. Wrap it: "
-                 r"train_data=torch\.utils\.data\.DataLoader\(dataset, batch_size=32, shuffle=True\)",
-                 id="a Dataset, not a DataLoader"),
-    pytest.param(fit_with(train_data=(X, Y)), TypeError,
-                 r"train_data is a tuple of 2 tensors, like \(x, y\); fit needs a loader of batches\. Pass "
-                 r"torch\.utils\.data\.DataLoader\(TensorDataset\(x, y\)", id="a tuple (x, y)"),
-    pytest.param(fit_with(train_data=X.numpy()), TypeError,
-                 r"train_data is a numpy ndarray; fit needs batches of tensors with labels", id="a numpy array"),
-    pytest.param(fit_with(train_data=DataLoader(TensorDataset(X), batch_size=8)), ValueError,
-                 r"Got a list of length 1 as a batch, which has no labels\. kerastorch expects a tuple \(x, y\)",
-                 id="batches without labels"),
-    pytest.param(fit_with(train_data=loader(Y.float().unsqueeze(1).repeat(1, 4), Y.float())), RuntimeError,
-                 r"The first batch of train_data failed in the net or the loss, before training started: expected "
-                 r"target dtype to be Long", id="float labels for a class loss"),
-    pytest.param(fit_with(train_data=loader(torch.randn(32, 5), Y)), RuntimeError,
-                 r"The first batch of train_data failed in the net or the loss, before training started: mat1 and "
-                 r"mat2 shapes cannot be multiplied", id="features of the wrong size"),
-    pytest.param(fit_with({"loss_fn": None}), ValueError,
-                 r"KerasModel has no loss_fn\. Pass one, e\.g\. KerasModel\(net, loss_fn=nn\.CrossEntropyLoss\(\)\)",
-                 id="no loss_fn"),
-    pytest.param(fit_with({"loss_fn": nn.CrossEntropyLoss}), TypeError,
-                 r"loss_fn is the class CrossEntropyLoss, not a loss\. Pass an instance: loss_fn=nn\.CrossEntropyLoss\(\)",
-                 id="loss class, not instance"),
-    pytest.param(fit_with({"optimizer": lambda net: torch.optim.Adam}), TypeError,
-                 r"optimizer is the class Adam, not an optimizer\. Build one over the net's parameters: "
-                 r"optimizer=torch\.optim\.Adam\(net\.parameters\(\), lr=1e-3\)", id="optimizer class, not instance"),
-    pytest.param(fit_with({"optimizer": lambda net: torch.optim.Adam(nn.Linear(4, 3).parameters())}), ValueError,
-                 r"The optimizer updates none of the net's parameters.*built for another net",
-                 id="optimizer of another net"),
-    pytest.param(fit_with({"lr_scheduler": lambda net: torch.optim.lr_scheduler.StepLR}), TypeError,
-                 r"lr_scheduler is the class StepLR, not a scheduler", id="scheduler class, not instance"),
-    pytest.param(fit_with({"lr_scheduler": lambda net: torch.optim.lr_scheduler.StepLR(
-        torch.optim.SGD(net.parameters(), lr=0.1), step_size=1)}), ValueError,
-                 r"The lr_scheduler drives another optimizer than the model's", id="scheduler of another optimizer"),
-    pytest.param(fit_with(ckpt_path=os.path.join(__file__, "best.safetensors")), ValueError,
-                 r"ckpt_path='.*test_bad_input\.py/best\.safetensors' cannot be written: '.*test_bad_input\.py' is a file, so it "
-                 r"cannot hold a folder", id="ckpt_path cannot be written"),
+    pytest.param(
+        fit_with(patience=-1),
+        ValueError,
+        r"patience=-1 must be a whole number >= 0 \(or patience=None to never stop early\)",
+        id="patience < 0",
+    ),
+    pytest.param(
+        fit_with(gradient_accumulation_steps=0),
+        ValueError,
+        r"gradient_accumulation_steps=0 must be a whole number >= 1",
+        id="accumulation < 1",
+    ),
+    pytest.param(
+        fit_with(precision="half"),
+        ValueError,
+        r"precision='half' is not supported; use '32-true', '16-mixed'",
+        id="unknown precision",
+    ),
+    pytest.param(
+        fit_with(accelerator="tpu"),
+        ValueError,
+        r"accelerator='tpu' is not known; use one of 'auto', 'cpu', 'gpu', 'cuda', 'mps'",
+        id="unknown accelerator",
+    ),
+    pytest.param(
+        fit_with(train_data=loader(X[:0], Y[:0])),
+        ValueError,
+        r"train_data is empty \(0 batches\)\. Check the dataset's size, batch_size and drop_last",
+        id="empty DataLoader",
+    ),
+    pytest.param(
+        fit_with(val_data=loader(X[:4], Y[:4], drop_last=True)),
+        ValueError,
+        r"val_data is empty \(0 batches\)",
+        id="empty val DataLoader",
+    ),
+    pytest.param(
+        fit_with(train_data=5),
+        TypeError,
+        r"train_data is a int, but it must be an iterable of batches, such as "
+        r"torch\.utils\.data\.DataLoader\(TensorDataset\(x, y\), batch_size=32\)",
+        id="not iterable",
+    ),
+    pytest.param(
+        fit_with(train_data=X),
+        TypeError,
+        r"train_data is a Tensor, but it must be an iterable of batches",
+        id="a tensor as data",
+    ),
+    pytest.param(
+        fit_with(train_data=TensorDataset(X, Y)),
+        TypeError,
+        r"train_data is a TensorDataset, a Dataset; fit needs batches\. Wrap it: "
+        r"train_data=torch\.utils\.data\.DataLoader\(dataset, batch_size=32, shuffle=True\)",
+        id="a Dataset, not a DataLoader",
+    ),
+    pytest.param(
+        fit_with(train_data=(X, Y)),
+        TypeError,
+        r"train_data is a tuple of 2 tensors, like \(x, y\); fit needs a loader of batches\. Pass "
+        r"torch\.utils\.data\.DataLoader\(TensorDataset\(x, y\)",
+        id="a tuple (x, y)",
+    ),
+    pytest.param(
+        fit_with(train_data=X.numpy()),
+        TypeError,
+        r"train_data is a numpy ndarray; fit needs batches of tensors with labels",
+        id="a numpy array",
+    ),
+    pytest.param(
+        fit_with(train_data=DataLoader(TensorDataset(X), batch_size=8)),
+        ValueError,
+        r"Got a list of length 1 as a batch, which has no labels\. kerastorch expects a tuple \(x, y\)",
+        id="batches without labels",
+    ),
+    pytest.param(
+        fit_with(train_data=loader(Y.float().unsqueeze(1).repeat(1, 4), Y.float())),
+        RuntimeError,
+        r"The first batch of train_data failed in the net or the loss, before training started: expected "
+        r"target dtype to be Long",
+        id="float labels for a class loss",
+    ),
+    pytest.param(
+        fit_with(train_data=loader(torch.randn(32, 5), Y)),
+        RuntimeError,
+        r"The first batch of train_data failed in the net or the loss, before training started: mat1 and "
+        r"mat2 shapes cannot be multiplied",
+        id="features of the wrong size",
+    ),
+    pytest.param(
+        fit_with({"loss_fn": None}),
+        ValueError,
+        r"KerasModel has no loss_fn\. Pass one, e\.g\. KerasModel\(net, loss_fn=nn\.CrossEntropyLoss\(\)\)",
+        id="no loss_fn",
+    ),
+    pytest.param(
+        fit_with({"loss_fn": nn.CrossEntropyLoss}),
+        TypeError,
+        r"loss_fn is the class CrossEntropyLoss, not a loss\. Pass an instance: loss_fn=nn\.CrossEntropyLoss\(\)",
+        id="loss class, not instance",
+    ),
+    pytest.param(
+        fit_with({"optimizer": lambda net: torch.optim.Adam}),
+        TypeError,
+        r"optimizer is the class Adam, not an optimizer\. Build one over the net's parameters: "
+        r"optimizer=torch\.optim\.Adam\(net\.parameters\(\), lr=1e-3\)",
+        id="optimizer class, not instance",
+    ),
+    pytest.param(
+        fit_with({"optimizer": lambda net: torch.optim.Adam(nn.Linear(4, 3).parameters())}),
+        ValueError,
+        r"The optimizer updates none of the net's parameters.*built for another net",
+        id="optimizer of another net",
+    ),
+    pytest.param(
+        fit_with({"lr_scheduler": lambda net: torch.optim.lr_scheduler.StepLR}),
+        TypeError,
+        r"lr_scheduler is the class StepLR, not a scheduler",
+        id="scheduler class, not instance",
+    ),
+    pytest.param(
+        fit_with(
+            {
+                "lr_scheduler": lambda net: torch.optim.lr_scheduler.StepLR(
+                    torch.optim.SGD(net.parameters(), lr=0.1), step_size=1
+                )
+            }
+        ),
+        ValueError,
+        r"The lr_scheduler drives another optimizer than the model's",
+        id="scheduler of another optimizer",
+    ),
+    pytest.param(
+        fit_with(ckpt_path=os.path.join(__file__, "best.safetensors")),
+        ValueError,
+        r"ckpt_path='.*test_bad_input\.py/best\.safetensors' cannot be written: '.*test_bad_input\.py' is a file, so it "
+        r"cannot hold a folder",
+        id="ckpt_path cannot be written",
+    ),
     pytest.param(fit_with(ckpt_path=3), TypeError, r"ckpt_path=3 must be a file path", id="ckpt_path not a path"),
-    pytest.param(fit_with(resume=True), ValueError,
-                 r"resume=True needs a ckpt_path.*fit\(\.\.\., ckpt_path='runs/best\.safetensors', resume=True\)",
-                 id="resume without ckpt_path"),
-    pytest.param(fit_with(resume="yes", ckpt_path="unused.safetensors"), TypeError,
-                 r"resume='yes' must be True or False", id="resume not a bool"),
-    pytest.param(fit_with(gradient_clip_val=-1.0), ValueError, r"gradient_clip_val=-1\.0 must be a positive number",
-                 id="negative clip value"),
-    pytest.param(fit_with(verbose=5), ValueError, r"verbose=5; use 0 \(silent\), 1 \(progress bars\) or 2",
-                 id="verbose not 0/1/2"),
-    pytest.param(fit_with(callbacks=kt.callbacks.EarlyStopping()), TypeError,
-                 r"callbacks is a EarlyStopping, but it must be a list of callbacks", id="one callback, not a list"),
-    pytest.param(fit_with(callbacks=[print]), TypeError,
-                 r"callbacks holds a builtin_function_or_method, which is not a kerastorch Callback",
-                 id="not a Callback"),
+    pytest.param(
+        fit_with(resume=True),
+        ValueError,
+        r"resume=True needs a ckpt_path.*fit\(\.\.\., ckpt_path='runs/best\.safetensors', resume=True\)",
+        id="resume without ckpt_path",
+    ),
+    pytest.param(
+        fit_with(resume="yes", ckpt_path="unused.safetensors"),
+        TypeError,
+        r"resume='yes' must be True or False",
+        id="resume not a bool",
+    ),
+    pytest.param(
+        fit_with(gradient_clip_val=-1.0),
+        ValueError,
+        r"gradient_clip_val=-1\.0 must be a positive number",
+        id="negative clip value",
+    ),
+    pytest.param(
+        fit_with(verbose=5),
+        ValueError,
+        r"verbose=5; use 0 \(silent\), 1 \(progress bars\) or 2",
+        id="verbose not 0/1/2",
+    ),
+    pytest.param(
+        fit_with(callbacks=kt.callbacks.EarlyStopping()),
+        TypeError,
+        r"callbacks is a EarlyStopping, but it must be a list of callbacks",
+        id="one callback, not a list",
+    ),
+    pytest.param(
+        fit_with(callbacks=[print]),
+        TypeError,
+        r"callbacks holds a builtin_function_or_method, which is not a kerastorch Callback",
+        id="not a Callback",
+    ),
 ]
 
 
@@ -147,10 +262,17 @@ def test_bad_input_is_refused_before_any_weight_changes(make_mistake, error, mes
     assert os.listdir(tmp_path) == []  # nothing left on disk
 
 
-@pytest.mark.parametrize("metrics_dict, message", [
-    ({"acc": "accuracy"}, r"metrics_dict\['acc'\] is a str, which cannot be called\. A metric is a torchmetrics Metric"),
-    (["acc"], r"metrics_dict is a list, but it must be a dict of name -> metric"),
-], ids=["metric not callable", "metrics not a dict"])
+@pytest.mark.parametrize(
+    "metrics_dict, message",
+    [
+        (
+            {"acc": "accuracy"},
+            r"metrics_dict\['acc'\] is a str, which cannot be called\. A metric is a torchmetrics Metric",
+        ),
+        (["acc"], r"metrics_dict is a list, but it must be a dict of name -> metric"),
+    ],
+    ids=["metric not callable", "metrics not a dict"],
+)
 def test_a_bad_metric_is_refused_when_the_model_is_built(metrics_dict, message):
     net = nn.Linear(4, 3)
     with pytest.raises(TypeError, match=message):

@@ -9,14 +9,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import kerastorch as kt
+from helpers import accuracy
 from kerastorch.callbacks import CallbackList, LambdaCallback, ModelCheckpoint
 from kerastorch.checkpoint import load_weights
 from kerastorch.meters import EpochMeters
-
-
-
-def accuracy(preds, labels):
-    return (preds.argmax(dim=1) == labels).float().mean()
 
 
 def loaders(n=192, batch_size=32, seed=0):
@@ -24,7 +20,7 @@ def loaders(n=192, batch_size=32, seed=0):
     x = torch.randn(n, 8, generator=g)
     y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
     train = DataLoader(TensorDataset(x[: n * 3 // 4], y[: n * 3 // 4]), batch_size=batch_size)
-    val = DataLoader(TensorDataset(x[n * 3 // 4:], y[n * 3 // 4:]), batch_size=batch_size)
+    val = DataLoader(TensorDataset(x[n * 3 // 4 :], y[n * 3 // 4 :]), batch_size=batch_size)
     return train, val
 
 
@@ -120,7 +116,13 @@ def test_torchkeras_style_callback_runs_with_the_model_as_torchkeras_shows_it():
     history = model.fit(train, val, epochs=2, monitor="val_acc", mode="max", callbacks=[TorchkerasStyle()], verbose=0)
 
     assert calls[0] == ("fit_start", 2, "val_acc", "max", {})
-    assert [c[0] for c in calls[1:]] == ["train_epoch_end", "val_epoch_end", "train_epoch_end", "val_epoch_end", "fit_end"]
+    assert [c[0] for c in calls[1:]] == [
+        "train_epoch_end",
+        "val_epoch_end",
+        "train_epoch_end",
+        "val_epoch_end",
+        "fit_end",
+    ]
     assert calls[2][1:] == (pytest.approx(history["val_loss"].iloc[0]), 1)
     assert calls[4][1:] == (pytest.approx(history["val_loss"].iloc[1]), 2)
     assert calls[5][1] == pytest.approx(list(history["val_acc"]))
@@ -143,13 +145,24 @@ def test_something_that_is_not_a_callback_is_refused_before_training():
 
 def test_lambda_callback_calls_only_the_hooks_it_is_given():
     events = []
-    cb = LambdaCallback(on_train_begin=lambda logs: events.append("begin"),
-                        on_epoch_end=lambda epoch, logs: events.append(("epoch", epoch, round(logs["val_loss"], 6))),
-                        on_train_batch_begin=lambda batch, logs: events.append("batch"))
+    cb = LambdaCallback(
+        on_train_begin=lambda logs: events.append("begin"),
+        on_epoch_end=lambda epoch, logs: events.append(("epoch", epoch, round(logs["val_loss"], 6))),
+        on_train_batch_begin=lambda batch, logs: events.append("batch"),
+    )
     train, val = loaders(batch_size=48)  # 3 training batches
     history = make_model().fit(train, val, epochs=2, callbacks=[cb], verbose=0)
-    assert events == ["begin", "batch", "batch", "batch", ("epoch", 1, round(history["val_loss"][0], 6)),
-                      "batch", "batch", "batch", ("epoch", 2, round(history["val_loss"][1], 6))]
+    assert events == [
+        "begin",
+        "batch",
+        "batch",
+        "batch",
+        ("epoch", 1, round(history["val_loss"][0], 6)),
+        "batch",
+        "batch",
+        "batch",
+        ("epoch", 2, round(history["val_loss"][1], 6)),
+    ]
     listeners = CallbackList([LambdaCallback(on_epoch_end=print)], model=None, params={})
     assert not listeners.wants("on_train_batch_end") and listeners.wants("on_epoch_end")
 
@@ -192,8 +205,16 @@ def test_model_checkpoint_best_only_holds_the_best_epoch(tmp_path):
     recorder = RecordWeights()
     train, val = loaders()
     model = make_model(lr=0.5)
-    history = model.fit(train, val, epochs=5, patience=None, monitor="val_acc", mode="max", verbose=0,
-                        callbacks=[ModelCheckpoint(path, monitor="val_acc", mode="max", save_best_only=True), recorder])
+    history = model.fit(
+        train,
+        val,
+        epochs=5,
+        patience=None,
+        monitor="val_acc",
+        mode="max",
+        verbose=0,
+        callbacks=[ModelCheckpoint(path, monitor="val_acc", mode="max", save_best_only=True), recorder],
+    )
 
     best_epoch = int(history["epoch"][history["val_acc"].idxmax()])  # idxmax: the first of equal bests
     assert same_weights(load_weights(path), recorder.by_epoch[best_epoch])
@@ -203,9 +224,17 @@ def test_model_checkpoint_best_only_holds_the_best_epoch(tmp_path):
 def test_model_checkpoint_every_n_epochs_and_last(tmp_path):
     train, val = loaders()
     recorder = RecordWeights()
-    make_model().fit(train, val, epochs=5, verbose=0, callbacks=[
-        ModelCheckpoint(tmp_path / "e{epoch}.safetensors", every_n_epochs=2),
-        ModelCheckpoint(tmp_path / "last.safetensors"), recorder])
+    make_model().fit(
+        train,
+        val,
+        epochs=5,
+        verbose=0,
+        callbacks=[
+            ModelCheckpoint(tmp_path / "e{epoch}.safetensors", every_n_epochs=2),
+            ModelCheckpoint(tmp_path / "last.safetensors"),
+            recorder,
+        ],
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e2.safetensors", "e4.safetensors", "last.safetensors"]
     assert same_weights(load_weights(tmp_path / "last.safetensors"), recorder.by_epoch[5])
     assert same_weights(load_weights(tmp_path / "e4.safetensors"), recorder.by_epoch[4])
@@ -216,11 +245,21 @@ def test_model_checkpoint_bad_template_fails_before_training(tmp_path):
     model = make_model()
     before = weights(model)
     with pytest.raises(ValueError, match="'val_accuracy'.*does not log.*val_acc"):
-        model.fit(train, val, epochs=2, verbose=0,
-                  callbacks=[ModelCheckpoint(tmp_path / "e{epoch}-{val_accuracy:.2f}.safetensors")])
+        model.fit(
+            train,
+            val,
+            epochs=2,
+            verbose=0,
+            callbacks=[ModelCheckpoint(tmp_path / "e{epoch}-{val_accuracy:.2f}.safetensors")],
+        )
     with pytest.raises(ValueError, match="monitors 'val_f1'"):
-        model.fit(train, val, epochs=2, verbose=0,
-                  callbacks=[ModelCheckpoint(tmp_path / "best.safetensors", monitor="val_f1", save_best_only=True)])
+        model.fit(
+            train,
+            val,
+            epochs=2,
+            verbose=0,
+            callbacks=[ModelCheckpoint(tmp_path / "best.safetensors", monitor="val_f1", save_best_only=True)],
+        )
     with pytest.raises(ValueError, match="not a valid template"):
         ModelCheckpoint(tmp_path / "e{epoch.safetensors")
     with pytest.raises(ValueError, match="keep_last=0"):
@@ -273,8 +312,10 @@ def test_built_in_callbacks_never_read_per_step_values(tmp_path, monkeypatch):
     make_model().fit(train, val, epochs=2, callbacks=callbacks, verbose=0)
     assert reads == ["train", "val", "train", "val"]  # once per stage per epoch
     per_step = CallbackList(callbacks, model=None, params={})
-    assert not any(per_step.wants(h) for h in ("on_train_batch_begin", "on_train_batch_end",
-                                                "on_test_batch_begin", "on_test_batch_end"))
+    assert not any(
+        per_step.wants(h)
+        for h in ("on_train_batch_begin", "on_train_batch_end", "on_test_batch_begin", "on_test_batch_end")
+    )
 
 
 # -- the examples in the docstrings run ----------------------------------------------------
@@ -288,12 +329,20 @@ def _needs(module):
         return [pytest.mark.skip(reason=f"{module} is not installed")]
 
 
-@pytest.mark.parametrize("cls", [
-    kt.callbacks.ModelCheckpoint, kt.callbacks.CSVLogger, kt.callbacks.LambdaCallback,
-    kt.callbacks.LearningRateScheduler, kt.callbacks.TorchkerasCallback, kt.callbacks.EarlyStopping,
-    pytest.param(kt.callbacks.TensorBoard, marks=_needs("tensorboard")),
-    pytest.param(kt.callbacks.WandbLogger, marks=_needs("wandb")),
-], ids=lambda cls: cls.__name__)
+@pytest.mark.parametrize(
+    "cls",
+    [
+        kt.callbacks.ModelCheckpoint,
+        kt.callbacks.CSVLogger,
+        kt.callbacks.LambdaCallback,
+        kt.callbacks.LearningRateScheduler,
+        kt.callbacks.TorchkerasCallback,
+        kt.callbacks.EarlyStopping,
+        pytest.param(kt.callbacks.TensorBoard, marks=_needs("tensorboard")),
+        pytest.param(kt.callbacks.WandbLogger, marks=_needs("wandb")),
+    ],
+    ids=lambda cls: cls.__name__,
+)
 def test_docstring_example_runs(cls, tmp_path, monkeypatch, capsys):
     import inspect
     import textwrap

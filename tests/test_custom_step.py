@@ -15,7 +15,7 @@ class LabelsFirst(kt.KerasModel):
     def forward_batch(self, batch):
         labels, features = batch
         preds = self.net(features)
-        penalty = sum((p ** 2).sum() for p in self.net.parameters())
+        penalty = sum((p**2).sum() for p in self.net.parameters())
         return nn.functional.cross_entropy(preds, labels) + 1e-4 * penalty, preds, labels
 
     def predict_batch(self, batch):
@@ -27,8 +27,11 @@ def test_overriding_forward_batch_changes_the_step_for_fit_evaluate_and_predict(
     loader = DataLoader(TensorDataset(y, x), batch_size=64, shuffle=True)
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
-    model = LabelsFirst(net, metrics_dict={"acc": lambda p, t: (p.argmax(1) == t).float().mean()},
-                        optimizer=torch.optim.Adam(net.parameters(), lr=1e-2))  # no loss_fn needed
+    model = LabelsFirst(
+        net,
+        metrics_dict={"acc": lambda p, t: (p.argmax(1) == t).float().mean()},
+        optimizer=torch.optim.Adam(net.parameters(), lr=1e-2),
+    )  # no loss_fn needed
     history = model.fit(loader, loader, epochs=3, verbose=0)
     assert history["val_acc"].iloc[-1] > 0.85
     assert model.predict(loader).shape == (len(y), 10)

@@ -22,37 +22,23 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 import kerastorch as kt
+from helpers import TorchkerasAccuracy, accuracy
 from kerastorch.checkpoint import load_weights
 from kerastorch.examples import digits_datasets
 from kerastorch.launch import CUDA_BEFORE_FORK, WorkerTraceback, check_can_fork, record_failure, worker_failure
-from kerastorch.model_parallel import (input_device, is_model_parallel, labels_to_outputs, output_device,
-                                       parameter_devices)
+from kerastorch.model_parallel import (
+    input_device,
+    is_model_parallel,
+    labels_to_outputs,
+    output_device,
+    parameter_devices,
+)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_SCRIPT = os.path.join(REPO_ROOT, "tests", "distributed_train_script.py")
 
 
 # -- metrics in the three forms users write, plus one that keeps a list -----------------
-
-
-class CorrectTotal(nn.Module):
-    """torchkeras's pattern: forward updates correct/total tensors, compute divides."""
-
-    def __init__(self):
-        super().__init__()
-        self.correct = nn.Parameter(torch.tensor(0.0), requires_grad=False)
-        self.total = nn.Parameter(torch.tensor(0.0), requires_grad=False)
-
-    def forward(self, preds, labels):
-        self.correct += (preds.argmax(dim=1) == labels).sum()
-        self.total += labels.shape[0]
-
-    def compute(self):
-        return self.correct / self.total
-
-    def reset(self):
-        self.correct -= self.correct
-        self.total -= self.total
 
 
 class ListMeanLoss:
@@ -73,13 +59,13 @@ class ListMeanLoss:
     __call__ = update
 
 
-def accuracy_function(preds, labels):
-    return (preds.argmax(dim=1) == labels).float().mean()
-
-
 def all_metric_forms() -> dict:
-    return {"tm_acc": torchmetrics.Accuracy(task="multiclass", num_classes=10), "module_acc": CorrectTotal(),
-            "fn_acc": accuracy_function, "list_ce": ListMeanLoss()}
+    return {
+        "tm_acc": torchmetrics.Accuracy(task="multiclass", num_classes=10),
+        "module_acc": TorchkerasAccuracy(),
+        "fn_acc": accuracy,
+        "list_ce": ListMeanLoss(),
+    }
 
 
 class StopOnMainProcess(kt.Callback):
@@ -123,6 +109,7 @@ def digits():
     return DataLoader(ds_train, batch_size=64, shuffle=True), DataLoader(Subset(ds_val, range(101)), batch_size=16)
 
 
+@pytest.mark.slow
 def test_fit_on_two_cpu_processes_returns_history_and_best_weights(digits, tmp_path):
     dl_train, dl_val = digits
     torch.manual_seed(0)
@@ -131,9 +118,19 @@ def test_fit_on_two_cpu_processes_returns_history_and_best_weights(digits, tmp_p
     model = kt.KerasModel(net, nn.CrossEntropyLoss(), all_metric_forms(), torch.optim.Adam(net.parameters(), lr=1e-2))
     ckpt = tmp_path / "best.safetensors"
 
-    history = model.fit(dl_train, dl_val, epochs=8, patience=None, monitor="val_tm_acc", mode="max",
-                        ckpt_path=ckpt, accelerator="cpu", devices=2, verbose=0,
-                        callbacks=[StopOnMainProcess(epoch=4), ReadsRunningValues()])
+    history = model.fit(
+        dl_train,
+        dl_val,
+        epochs=8,
+        patience=None,
+        monitor="val_tm_acc",
+        mode="max",
+        ckpt_path=ckpt,
+        accelerator="cpu",
+        devices=2,
+        verbose=0,
+        callbacks=[StopOnMainProcess(epoch=4), ReadsRunningValues()],
+    )
 
     assert list(history["epoch"]) == [1, 2, 3, 4]  # one process asked to stop; both did
     assert history is model.history
@@ -152,6 +149,7 @@ def test_fit_on_two_cpu_processes_returns_history_and_best_weights(digits, tmp_p
     assert round(single["val_tm_acc"] * 101) == pytest.approx(single["val_tm_acc"] * 101)
 
 
+@pytest.mark.slow
 def test_an_error_in_a_worker_is_raised_in_the_caller_with_its_traceback(digits):
     dl_train, dl_val = digits
     net = small_mlp()
@@ -206,6 +204,7 @@ print("trained in the notebook's model")""",
 ]
 
 
+@pytest.mark.slow
 def test_fit_on_two_processes_from_a_jupyter_notebook():
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
@@ -224,14 +223,29 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_nodes_on_loopback_finish_with_identical_parameters(tmp_path):
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": REPO_ROOT, "OMP_NUM_THREADS": "1"}
     nodes = [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", f"--node_rank={rank}",
-             "--master_addr=127.0.0.1", f"--master_port={port}", TRAIN_SCRIPT, str(tmp_path)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc_per_node=1",
+                f"--node_rank={rank}",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                TRAIN_SCRIPT,
+                str(tmp_path),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for rank in (0, 1)
     ]
     outputs = [node.communicate(timeout=120)[0] for node in nodes]
@@ -255,8 +269,9 @@ def test_dataparallel_net_trains_and_its_checkpoint_loads_into_the_bare_net(digi
     dl_train, dl_val = digits
     torch.manual_seed(0)
     wrapped = nn.DataParallel(small_mlp())  # seeds 003 and 004; on a CPU-only machine it calls the module
-    model = kt.KerasModel(wrapped, nn.CrossEntropyLoss(), {"acc": accuracy_function},
-                          torch.optim.Adam(wrapped.parameters(), lr=1e-2))
+    model = kt.KerasModel(
+        wrapped, nn.CrossEntropyLoss(), {"acc": accuracy}, torch.optim.Adam(wrapped.parameters(), lr=1e-2)
+    )
     ckpt = tmp_path / "best.safetensors"
     history = model.fit(dl_train, dl_val, epochs=2, ckpt_path=ckpt, accelerator="cpu", verbose=0)
     assert history["val_loss"].iloc[-1] < history["val_loss"].iloc[0]
@@ -296,6 +311,7 @@ def test_model_parallel_nets_are_recognised_from_their_parameters():
     assert labels_to_outputs(labels, torch.zeros(2, 10)) is labels
 
 
+@pytest.mark.slow
 def test_a_model_parallel_net_is_not_copied_into_several_processes(digits):
     dl_train, _ = digits
     model = kt.KerasModel(EncoderDecoder("cpu", "meta"), nn.CrossEntropyLoss())
@@ -314,11 +330,16 @@ def test_output_device_is_found_by_one_batch_and_leaves_the_data_order_alone(dig
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+@pytest.mark.gpu
 def test_model_parallel_net_trains_where_the_user_put_it(digits):
     dl_train, dl_val = digits
     net = EncoderDecoder("cuda:0", "cuda:1")
-    model = kt.KerasModel(net, nn.CrossEntropyLoss(), {"acc": torchmetrics.Accuracy(task="multiclass", num_classes=10)},
-                          torch.optim.Adam(net.parameters(), lr=1e-2))
+    model = kt.KerasModel(
+        net,
+        nn.CrossEntropyLoss(),
+        {"acc": torchmetrics.Accuracy(task="multiclass", num_classes=10)},
+        torch.optim.Adam(net.parameters(), lr=1e-2),
+    )
     history = model.fit(dl_train, dl_val, epochs=2, verbose=0)
     assert parameter_devices(net) == [torch.device("cuda:0"), torch.device("cuda:1")]  # never moved
     assert history["val_loss"].iloc[-1] < history["val_loss"].iloc[0]

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import kerastorch as kt
 from conftest import make_mlp
+from helpers import TorchkerasAccuracy, accuracy
 
 
 def accuracy_metric():
@@ -23,8 +24,9 @@ def accuracy_metric():
 def test_fit_learns_and_returns_history_in_the_documented_shape(loaders, mlp, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     dl_train, dl_val = loaders
-    model = kt.KerasModel(mlp, nn.CrossEntropyLoss(), {"acc": accuracy_metric()},
-                          torch.optim.Adam(mlp.parameters(), lr=1e-2))
+    model = kt.KerasModel(
+        mlp, nn.CrossEntropyLoss(), {"acc": accuracy_metric()}, torch.optim.Adam(mlp.parameters(), lr=1e-2)
+    )
     history = model.fit(dl_train, dl_val, epochs=6, monitor="val_acc", mode="max", verbose=0)
 
     assert isinstance(history, pd.DataFrame)
@@ -39,8 +41,9 @@ def test_fit_learns_and_returns_history_in_the_documented_shape(loaders, mlp, tm
 
 def test_restored_weights_are_the_best_epochs(loaders, mlp):
     dl_train, dl_val = loaders
-    model = kt.KerasModel(mlp, nn.CrossEntropyLoss(), {"acc": accuracy_metric()},
-                          torch.optim.SGD(mlp.parameters(), lr=0.5))  # a high lr makes val_loss jump about
+    model = kt.KerasModel(
+        mlp, nn.CrossEntropyLoss(), {"acc": accuracy_metric()}, torch.optim.SGD(mlp.parameters(), lr=0.5)
+    )  # a high lr makes val_loss jump about
     history = model.fit(dl_train, dl_val, epochs=8, patience=None, verbose=0)
 
     best = history.loc[history["val_loss"].idxmin()]
@@ -80,47 +83,25 @@ def test_epoch_values_are_exact_over_samples_not_means_of_batch_means():
     def mean_abs_error(preds, labels):
         return (preds - labels).abs().mean()
 
-    model = kt.KerasModel(net, nn.MSELoss(), {"mae": mean_abs_error, "mse": torchmetrics.MeanSquaredError()},
-                          torch.optim.SGD(net.parameters(), lr=0.01))
+    model = kt.KerasModel(
+        net,
+        nn.MSELoss(),
+        {"mae": mean_abs_error, "mse": torchmetrics.MeanSquaredError()},
+        torch.optim.SGD(net.parameters(), lr=0.01),
+    )
     history = model.fit(loader, loader, epochs=1, verbose=0)
     with torch.no_grad():
         preds = net(x)
     assert history["val_loss"][0] == pytest.approx(nn.functional.mse_loss(preds, y).item(), rel=1e-6)
     assert history["val_mae"][0] == pytest.approx((preds - y).abs().mean().item(), rel=1e-6)
     assert history["val_mse"][0] == pytest.approx(history["val_loss"][0], rel=1e-6)
-    batch_means = [nn.functional.mse_loss(net(x[i:i + 4]), y[i:i + 4]).item() for i in (0, 4, 8)]
+    batch_means = [nn.functional.mse_loss(net(x[i : i + 4]), y[i : i + 4]).item() for i in (0, 4, 8)]
     assert history["val_loss"][0] != pytest.approx(sum(batch_means) / 3, rel=1e-6)
-
-
-class TorchkerasAccuracy(nn.Module):
-    """The metric pattern torchkeras users write: state in Parameters, forward updates it."""
-
-    def __init__(self):
-        super().__init__()
-        self.correct = nn.Parameter(torch.tensor(0.0), requires_grad=False)
-        self.total = nn.Parameter(torch.tensor(0.0), requires_grad=False)
-
-    def forward(self, preds, targets):
-        m = (preds.argmax(dim=-1) == targets).sum()
-        self.correct += m
-        self.total += targets.numel()
-        return m.float() / targets.numel()
-
-    def compute(self):
-        return self.correct.float() / self.total
-
-    def reset(self):
-        self.correct -= self.correct
-        self.total -= self.total
-
-
-def plain_accuracy(preds, labels):
-    return (preds.argmax(dim=-1) == labels).float().mean()
 
 
 def test_three_metric_forms_agree(loaders, mlp):
     dl_train, dl_val = loaders
-    metrics = {"tm": accuracy_metric(), "tk": TorchkerasAccuracy(), "fn": plain_accuracy}
+    metrics = {"tm": accuracy_metric(), "tk": TorchkerasAccuracy(), "fn": accuracy}
     model = kt.KerasModel(mlp, nn.CrossEntropyLoss(), metrics)
     history = model.fit(dl_train, dl_val, epochs=2, verbose=0)
     for stage in ("train", "val"):
@@ -158,8 +139,9 @@ def test_batch_forms_tuple_multi_input_and_dict(digits8):
     as_dict = DataLoader(DictDataset(ds_train), batch_size=64, shuffle=True)
     for loader in (multi, as_dict):
         net = TwoInputNet()
-        model = kt.KerasModel(net, nn.CrossEntropyLoss(), {"acc": plain_accuracy},
-                              torch.optim.Adam(net.parameters(), lr=1e-2))
+        model = kt.KerasModel(
+            net, nn.CrossEntropyLoss(), {"acc": accuracy}, torch.optim.Adam(net.parameters(), lr=1e-2)
+        )
         history = model.fit(loader, epochs=3, verbose=0)
         assert history["train_acc"].iloc[-1] > 0.8
         preds = model.predict(loader)
@@ -177,7 +159,7 @@ def test_a_batch_without_labels_is_refused_before_any_weight_changes(digits8, ml
 
 def test_wrong_monitor_lists_the_names_the_run_will_produce(loaders, mlp):
     dl_train, dl_val = loaders
-    model = kt.KerasModel(mlp, nn.CrossEntropyLoss(), {"acc": plain_accuracy})
+    model = kt.KerasModel(mlp, nn.CrossEntropyLoss(), {"acc": accuracy})
     with pytest.raises(ValueError, match="available: train_loss, train_acc, lr, val_loss, val_acc"):
         model.fit(dl_train, dl_val, monitor="val_accuracy", verbose=0)
     with pytest.raises(ValueError, match="mode='maximum'"):
@@ -232,8 +214,16 @@ def test_user_callbacks_see_hooks_with_one_based_epochs_and_can_stop(loaders, ml
     model = kt.KerasModel(mlp, nn.CrossEntropyLoss())
     history = model.fit(dl_train, dl_val, epochs=5, callbacks=[recorder], verbose=0)
     keys = ["epoch", "lr", "train_loss", "val_loss"]
-    assert recorder.calls == ["train_begin", "epoch_begin 1", "batch_end loss>0=True", f"epoch_end 1 {keys}",
-                              "epoch_begin 2", "batch_end loss>0=True", f"epoch_end 2 {keys}", "train_end"]
+    assert recorder.calls == [
+        "train_begin",
+        "epoch_begin 1",
+        "batch_end loss>0=True",
+        f"epoch_end 1 {keys}",
+        "epoch_begin 2",
+        "batch_end loss>0=True",
+        f"epoch_end 2 {keys}",
+        "train_end",
+    ]
     assert len(history) == 2
 
 

@@ -13,8 +13,17 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent / "kerastorch"
 PACKAGE = "kerastorch"
 
 # Imported inside functions on purpose: optional extras, imported only when used.
-OPTIONAL_EXTRAS = ("matplotlib", "lightning", "tensorboard", "torch.utils.tensorboard", "wandb", "IPython",
-                   "ipywidgets", "tqdm.notebook", "sklearn")
+OPTIONAL_EXTRAS = (
+    "matplotlib",
+    "lightning",
+    "tensorboard",
+    "torch.utils.tensorboard",
+    "wandb",
+    "IPython",
+    "ipywidgets",
+    "tqdm.notebook",
+    "sklearn",
+)
 # Functions whose own source runs elsewhere, so they must import what they use.
 SELF_CONTAINED = {("kerastorch.cuda_devices", "probe_cuda_devices")}  # run in a child process by its source
 
@@ -54,8 +63,9 @@ def top_level_imports(tree: ast.Module) -> list[ast.AST]:
 
 
 def _inside_function(tree: ast.Module, target: ast.AST) -> bool:
-    return any(target in set(ast.walk(fn)) for fn in ast.walk(tree)
-               if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    return any(
+        target in set(ast.walk(fn)) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+    )
 
 
 def function_imports(tree: ast.Module) -> list[tuple[str, ast.AST]]:
@@ -98,7 +108,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state:
                 cycle = visit(nxt)
                 if cycle:
@@ -145,8 +155,11 @@ def hidden_imports(name: str, source: str, is_package: bool = False) -> list[str
 
 
 def test_no_import_inside_a_function_except_optional_extras():
-    hidden = [f"{path.relative_to(PACKAGE_DIR.parent)} {found}" for name, path in modules().items()
-              for found in hidden_imports(name, path.read_text(), path.name == "__init__.py")]
+    hidden = [
+        f"{path.relative_to(PACKAGE_DIR.parent)} {found}"
+        for name, path in modules().items()
+        for found in hidden_imports(name, path.read_text(), path.name == "__init__.py")
+    ]
     assert not hidden, "imports inside functions (move them to the top of the module):\n" + "\n".join(hidden)
 
 

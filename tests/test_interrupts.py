@@ -73,14 +73,16 @@ def weights_equal(a: dict, b: dict) -> bool:
 def test_ctrl_c_inside_the_loss_returns_the_history_with_best_weights_and_an_intact_state(tmp_path, capsys):
     ckpt = tmp_path / "best.safetensors"
     model, dl_train, dl_val, callbacks = tiny_run(ScriptedLoss("ctrl-c", from_epoch=3, at_batch=2))
-    history = model.fit(dl_train, dl_val, epochs=4, patience=None, verbose=0, ckpt_path=ckpt, resume=True,
-                        callbacks=callbacks)
+    history = model.fit(
+        dl_train, dl_val, epochs=4, patience=None, verbose=0, ckpt_path=ckpt, resume=True, callbacks=callbacks
+    )
 
     assert history["epoch"].tolist() == [1, 2]
     assert model.history.equals(history)
     out_lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
-    assert out_lines == ["Interrupted during epoch 3: returning the history of the 2 finished epoch(s) with the best "
-                         "weights restored."]
+    assert out_lines == [
+        "Interrupted during epoch 3: returning the history of the 2 finished epoch(s) with the best weights restored."
+    ]
     assert weights_equal(model.net.state_dict(), load_file(ckpt))  # the best epoch's weights
     state = load_state_file(training_state_path(ckpt))
     assert state["epoch"] == 2
@@ -89,8 +91,9 @@ def test_ctrl_c_inside_the_loss_returns_the_history_with_best_weights_and_an_int
     straight, dl_train, dl_val, callbacks = tiny_run(ScriptedLoss())
     straight_history = straight.fit(dl_train, dl_val, epochs=4, patience=None, verbose=0, callbacks=callbacks)
     resumed, dl_train, dl_val, callbacks = tiny_run(ScriptedLoss())
-    resumed_history = resumed.fit(dl_train, dl_val, epochs=4, patience=None, verbose=0, ckpt_path=ckpt,
-                                  resume=True, callbacks=callbacks)
+    resumed_history = resumed.fit(
+        dl_train, dl_val, epochs=4, patience=None, verbose=0, ckpt_path=ckpt, resume=True, callbacks=callbacks
+    )
     pd.testing.assert_frame_equal(resumed_history, straight_history, check_exact=True)
     assert weights_equal(resumed.net.state_dict(), straight.net.state_dict())
 
@@ -107,8 +110,9 @@ def test_ctrl_c_while_the_state_is_written_keeps_the_previous_state_whole(tmp_pa
 
     monkeypatch.setattr(kerastorch.state_file.torch, "save", save_then_ctrl_c)
     model, dl_train, dl_val, callbacks = tiny_run(ScriptedLoss())
-    history = model.fit(dl_train, dl_val, epochs=3, patience=None, verbose=0, ckpt_path=ckpt, resume=True,
-                        callbacks=callbacks)
+    history = model.fit(
+        dl_train, dl_val, epochs=3, patience=None, verbose=0, ckpt_path=ckpt, resume=True, callbacks=callbacks
+    )
     assert history["epoch"].tolist() == [1, 2]
     assert load_state_file(training_state_path(ckpt))["epoch"] == 1
     assert sorted(os.listdir(tmp_path)) == ["best.safetensors", "best.safetensors.state"]  # no temporary file
@@ -116,11 +120,13 @@ def test_ctrl_c_while_the_state_is_written_keeps_the_previous_state_whole(tmp_pa
 
 @pytest.mark.parametrize("bad", ["nan", "inf"])
 def test_a_nan_or_inf_loss_stops_naming_the_epoch_with_finite_best_weights_and_the_last_good_state(
-        tmp_path, capsys, bad):
+    tmp_path, capsys, bad
+):
     ckpt = tmp_path / "best.safetensors"
     model, dl_train, dl_val, callbacks = tiny_run(ScriptedLoss(bad, from_epoch=3))
-    history = model.fit(dl_train, dl_val, epochs=6, patience=None, verbose=2, ckpt_path=ckpt, resume=True,
-                        callbacks=callbacks)
+    history = model.fit(
+        dl_train, dl_val, epochs=6, patience=None, verbose=2, ckpt_path=ckpt, resume=True, callbacks=callbacks
+    )
 
     assert history["epoch"].tolist() == [1, 2, 3]
     assert not math.isfinite(history["train_loss"].iloc[-1])
@@ -140,8 +146,17 @@ def test_a_nan_epoch_is_never_restored_even_when_the_monitored_metric_prefers_it
         return torch.isnan(preds).float().mean()
 
     model, dl_train, dl_val, callbacks = tiny_run(ScriptedLoss("nan", from_epoch=3), metrics={"nan_share": nan_share})
-    history = model.fit(dl_train, dl_val, epochs=5, patience=None, monitor="val_nan_share", mode="max", verbose=0,
-                        ckpt_path=tmp_path / "best.safetensors", callbacks=callbacks)
+    history = model.fit(
+        dl_train,
+        dl_val,
+        epochs=5,
+        patience=None,
+        monitor="val_nan_share",
+        mode="max",
+        verbose=0,
+        ckpt_path=tmp_path / "best.safetensors",
+        callbacks=callbacks,
+    )
     assert history["val_nan_share"].tolist()[-1] == 1.0
     assert all(torch.isfinite(w).all() for w in model.net.state_dict().values())
     assert weights_equal(model.net.state_dict(), load_file(tmp_path / "best.safetensors"))

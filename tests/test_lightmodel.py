@@ -14,6 +14,7 @@ import torchmetrics
 from torch import nn
 
 import kerastorch as kt
+from helpers import TorchkerasAccuracy, accuracy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,43 +25,26 @@ pytestmark = [
 ]
 
 
-class CountingAccuracy(nn.Module):
-    """A metric written the torchkeras way: state in Parameters, updated in forward."""
-
-    def __init__(self):
-        super().__init__()
-        self.correct = nn.Parameter(torch.tensor(0.0), requires_grad=False)
-        self.total = nn.Parameter(torch.tensor(0.0), requires_grad=False)
-
-    def forward(self, preds, labels):
-        correct = (preds.argmax(dim=1) == labels).sum()
-        self.correct += correct
-        self.total += labels.numel()
-        return correct / labels.numel()
-
-    def compute(self):
-        return self.correct / self.total
-
-    def reset(self):
-        self.correct -= self.correct
-        self.total -= self.total
-
-
-def function_accuracy(preds, labels):
-    return (preds.argmax(dim=1) == labels).float().mean()
-
-
 def digit_metrics() -> dict:
     # The same accuracy three ways: each kind of metric must give the same epoch value.
-    return {"acc": torchmetrics.Accuracy(task="multiclass", num_classes=10),
-            "acc_fn": function_accuracy,
-            "acc_tk": CountingAccuracy()}
-
+    return {
+        "acc": torchmetrics.Accuracy(task="multiclass", num_classes=10),
+        "acc_fn": accuracy,
+        "acc_tk": TorchkerasAccuracy(),
+    }
 
 
 def quiet_trainer(pl, root, **kwargs):
-    return pl.Trainer(accelerator="cpu", devices=1, default_root_dir=root, logger=False,
-                      enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1, **kwargs)
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=root,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=1,
+        **kwargs,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -72,25 +56,45 @@ def trained(tmp_path_factory, one_thread):
     kt.seed_everything(0)
     dl_train, dl_val = digits_loaders()
     net = create_cnn()
-    model = kt.LightModel(net, loss_fn=nn.CrossEntropyLoss(), metrics_dict=digit_metrics(),
-                          optimizer=torch.optim.Adam(net.parameters(), lr=1e-2))
+    model = kt.LightModel(
+        net,
+        loss_fn=nn.CrossEntropyLoss(),
+        metrics_dict=digit_metrics(),
+        optimizer=torch.optim.Adam(net.parameters(), lr=1e-2),
+    )
     checkpoint = pl.callbacks.ModelCheckpoint(monitor="val_acc", mode="max", save_top_k=1)
     early_stopping = pl.callbacks.EarlyStopping(monitor="val_acc", mode="max", patience=2)
-    trainer = quiet_trainer(pl, tmp_path_factory.mktemp("lightning"), max_epochs=5,
-                            callbacks=[checkpoint, early_stopping])
+    trainer = quiet_trainer(
+        pl, tmp_path_factory.mktemp("lightning"), max_epochs=5, callbacks=[checkpoint, early_stopping]
+    )
     trainer.fit(model, dl_train, dl_val)
-    return {"pl": pl, "trainer": trainer, "model": model, "checkpoint": checkpoint,
-            "dl_train": dl_train, "dl_val": dl_val}
+    return {
+        "pl": pl,
+        "trainer": trainer,
+        "model": model,
+        "checkpoint": checkpoint,
+        "dl_train": dl_train,
+        "dl_val": dl_val,
+    }
 
 
+@pytest.mark.slow
 def test_trainer_with_checkpoint_and_early_stopping_learns_the_digits(trained):
     checkpoint = trained["checkpoint"]
     assert checkpoint.best_model_score is not None
     assert float(checkpoint.best_model_score) > 0.8
     assert os.path.isfile(checkpoint.best_model_path)
     logged = trained["trainer"].callback_metrics
-    assert {"train_loss", "train_acc", "train_acc_fn", "train_acc_tk",
-            "val_loss", "val_acc", "val_acc_fn", "val_acc_tk"} <= set(logged)
+    assert {
+        "train_loss",
+        "train_acc",
+        "train_acc_fn",
+        "train_acc_tk",
+        "val_loss",
+        "val_acc",
+        "val_acc_fn",
+        "val_acc_tk",
+    } <= set(logged)
     # One accuracy, three kinds of metric: the same sample-weighted epoch value.
     assert float(logged["val_acc_fn"]) == pytest.approx(float(logged["val_acc"]), abs=1e-6)
     assert float(logged["val_acc_tk"]) == pytest.approx(float(logged["val_acc"]), abs=1e-6)
@@ -98,14 +102,16 @@ def test_trainer_with_checkpoint_and_early_stopping_learns_the_digits(trained):
     assert float(logged["train_acc_tk"]) == pytest.approx(float(logged["train_acc"]), abs=1e-6)
 
 
+@pytest.mark.slow
 def test_checkpoint_loads_back_with_the_same_val_acc(trained):
     from kerastorch.examples import create_cnn
 
     pl, checkpoint, dl_val = trained["pl"], trained["checkpoint"], trained["dl_val"]
     best_acc = float(checkpoint.best_model_score)
 
-    restored = kt.LightModel.load_from_checkpoint(checkpoint.best_model_path, net=create_cnn(),
-                                                  loss_fn=nn.CrossEntropyLoss(), metrics_dict=digit_metrics())
+    restored = kt.LightModel.load_from_checkpoint(
+        checkpoint.best_model_path, net=create_cnn(), loss_fn=nn.CrossEntropyLoss(), metrics_dict=digit_metrics()
+    )
     [logs] = quiet_trainer(pl, checkpoint.dirpath).validate(restored, dl_val, verbose=False)
     assert logs["val_acc"] == pytest.approx(best_acc, abs=1e-6)
 
@@ -114,7 +120,7 @@ def test_checkpoint_loads_back_with_the_same_val_acc(trained):
     state = torch.load(checkpoint.best_model_path, map_location="cpu", weights_only=True)["state_dict"]
     assert all(key.startswith("net.") for key in state)
     fresh_net = create_cnn()
-    fresh_net.load_state_dict({key[len("net."):]: value for key, value in state.items()})
+    fresh_net.load_state_dict({key[len("net.") :]: value for key, value in state.items()})
     exact = kt.KerasModel(fresh_net, nn.CrossEntropyLoss(), digit_metrics()).evaluate(dl_val, quiet=True)
     assert exact["val_acc"] == pytest.approx(best_acc, abs=1e-6)
     assert exact["val_loss"] == pytest.approx(logs["val_loss"], rel=1e-5)
@@ -123,6 +129,7 @@ def test_checkpoint_loads_back_with_the_same_val_acc(trained):
     assert len(dl_val.dataset) % dl_val.batch_size == 1
 
 
+@pytest.mark.slow
 def test_test_and_predict_steps(trained):
     pl, model, dl_val = trained["pl"], trained["model"], trained["dl_val"]
     trainer = quiet_trainer(pl, trained["checkpoint"].dirpath)
@@ -135,7 +142,8 @@ def test_test_and_predict_steps(trained):
     assert predictions.shape == (len(dl_val.dataset), 10)
     torch.testing.assert_close(predictions, expected)
     assert float((predictions.argmax(1) == dl_val.dataset.tensors[1]).float().mean()) == pytest.approx(
-        logs["test_acc"], abs=1e-6)
+        logs["test_acc"], abs=1e-6
+    )
 
 
 DDP_VALIDATE = textwrap.dedent("""
@@ -168,6 +176,7 @@ DDP_VALIDATE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_values_are_synced_over_two_gloo_processes(tmp_path):
     """Two real DDP processes each see half of the data; rank 0 logs the whole set's values."""
     pytest.importorskip("lightning.pytorch")
@@ -182,16 +191,24 @@ def test_values_are_synced_over_two_gloo_processes(tmp_path):
     torch.save(net.state_dict(), tmp_path / "net.pt")
     val_set = Subset(digits_datasets()[1], range(448))  # even, so the sampler pads nothing
     exact = kt.KerasModel(net, nn.CrossEntropyLoss(), digit_metrics()).evaluate(
-        DataLoader(val_set, batch_size=64), quiet=True)
+        DataLoader(val_set, batch_size=64), quiet=True
+    )
     first_half = kt.KerasModel(net, nn.CrossEntropyLoss(), digit_metrics()).evaluate(
-        DataLoader(Subset(val_set, range(0, 448, 2)), batch_size=64), quiet=True)
+        DataLoader(Subset(val_set, range(0, 448, 2)), batch_size=64), quiet=True
+    )
     assert first_half["val_acc"] != pytest.approx(exact["val_acc"])  # so an unsynced value would show
 
     script = tmp_path / "ddp_validate.py"
     script.write_text(DDP_VALIDATE)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONWARNINGS": "ignore"}
-    result = subprocess.run([sys.executable, str(script), str(tmp_path), str(REPO_ROOT / "tests")], cwd=tmp_path,
-                            env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), str(REPO_ROOT / "tests")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     reported = json.loads((tmp_path / "logs.json").read_text())
     assert reported["world_size"] == 2
@@ -220,8 +237,9 @@ def test_plateau_scheduler_is_stepped_with_val_loss(tmp_path, one_thread):
             if not trainer.sanity_checking:
                 val_losses.append(float(trainer.callback_metrics["val_loss"]))
 
-    quiet_trainer(pl, tmp_path, max_epochs=3, num_sanity_val_steps=0,
-                  callbacks=[RecordValLoss()]).fit(model, dl_train, dl_val)
+    quiet_trainer(pl, tmp_path, max_epochs=3, num_sanity_val_steps=0, callbacks=[RecordValLoss()]).fit(
+        model, dl_train, dl_val
+    )
     assert len(val_losses) == 3
     assert scheduler.last_epoch == 3
     assert scheduler.best == pytest.approx(min(val_losses), rel=1e-6)
@@ -240,6 +258,7 @@ def test_default_optimizer_is_adam_and_bad_arguments_are_refused():
         kt.LightModel(nn.Linear(2, 1), nn.MSELoss(), metrics_dict={"acc": 0.5})
 
 
+@pytest.mark.slow
 def test_without_lightning_import_works_and_light_model_names_the_extra():
     # A real interpreter in which Lightning cannot be imported, as if it were not installed.
     script = textwrap.dedent("""
@@ -268,8 +287,9 @@ def test_without_lightning_import_works_and_light_model_names_the_extra():
             print("FROM-IMPORT:", error)
     """)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True,
-                            text=True, timeout=180)
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=180
+    )
     assert result.returncode == 0, result.stderr
     assert "ERROR: kerastorch.LightModel needs Lightning" in result.stdout
     assert "pip install 'kerastorch[lightning]'" in result.stdout
@@ -277,6 +297,7 @@ def test_without_lightning_import_works_and_light_model_names_the_extra():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_trains_on_one_gpu_with_mixed_precision(tmp_path):
     pl = pytest.importorskip("lightning.pytorch")
     from kerastorch.examples import create_cnn, digits_loaders
@@ -285,8 +306,16 @@ def test_trains_on_one_gpu_with_mixed_precision(tmp_path):
     dl_train, dl_val = digits_loaders()
     net = create_cnn()
     model = kt.LightModel(net, nn.CrossEntropyLoss(), digit_metrics(), torch.optim.Adam(net.parameters(), lr=1e-2))
-    trainer = pl.Trainer(accelerator="gpu", devices=1, precision="16-mixed", max_epochs=6, default_root_dir=tmp_path,
-                         logger=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(
+        accelerator="gpu",
+        devices=1,
+        precision="16-mixed",
+        max_epochs=6,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model, dl_train, dl_val)
     assert float(trainer.callback_metrics["val_acc"]) > 0.8
     assert float(trainer.callback_metrics["val_acc_tk"]) == pytest.approx(float(trainer.callback_metrics["val_acc"]))

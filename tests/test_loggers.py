@@ -14,20 +14,18 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import kerastorch as kt
+from helpers import accuracy
 from kerastorch.callbacks import CSVLogger, TensorBoard
-
-
-
-def accuracy(preds, labels):
-    return (preds.argmax(dim=1) == labels).float().mean()
 
 
 def loaders(n=160, batch_size=32):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n, 8, generator=g)
     y = (x[:, 0] - x[:, 2] > 0).long()
-    return (DataLoader(TensorDataset(x[:128], y[:128]), batch_size=batch_size),
-            DataLoader(TensorDataset(x[128:], y[128:]), batch_size=batch_size))
+    return (
+        DataLoader(TensorDataset(x[:128], y[:128]), batch_size=batch_size),
+        DataLoader(TensorDataset(x[128:], y[128:]), batch_size=batch_size),
+    )
 
 
 def make_model(seed=0):
@@ -73,8 +71,9 @@ def test_csv_logger_leaves_no_file_when_training_never_starts(tmp_path):
     path = tmp_path / "history.csv"
     train, val = loaders()
     with pytest.raises(ValueError, match="val_f1"):
-        make_model().fit(train, val, epochs=2, verbose=0,
-                         callbacks=[CSVLogger(path), kt.callbacks.EarlyStopping("val_f1")])
+        make_model().fit(
+            train, val, epochs=2, verbose=0, callbacks=[CSVLogger(path), kt.callbacks.EarlyStopping("val_f1")]
+        )
     assert not path.exists()
 
 
@@ -93,9 +92,12 @@ def test_tensorboard_scalars_read_back_with_tensorboards_reader(tmp_path):
     pytest.importorskip("tensorboard")
     train, val = loaders()
     read_mid_run = []
-    peek = kt.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: read_mid_run.append(read_scalars(tmp_path / "val")))
-    history = make_model().fit(train, val, epochs=3, callbacks=[TensorBoard(tmp_path, histogram_freq=3), peek],
-                               verbose=0)
+    peek = kt.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: read_mid_run.append(read_scalars(tmp_path / "val"))
+    )
+    history = make_model().fit(
+        train, val, epochs=3, callbacks=[TensorBoard(tmp_path, histogram_freq=3), peek], verbose=0
+    )
 
     train_run, val_run = read_scalars(tmp_path / "train"), read_scalars(tmp_path / "val")
     # One tag per quantity in each run: TensorBoard draws train and val of "loss" on one chart.
@@ -141,8 +143,13 @@ def test_wandb_logger_writes_an_offline_run(tmp_path, monkeypatch):
     train, val = loaders()
     model = make_model()
     # Offline mode through fit's own argument: wandb reads its environment only once per process.
-    history = model.fit(train, val, epochs=2, verbose=0, wandb={"project": "kerastorch-test", "mode": "offline",
-                                                                "dir": str(tmp_path), "log_weights": True})
+    history = model.fit(
+        train,
+        val,
+        epochs=2,
+        verbose=0,
+        wandb={"project": "kerastorch-test", "mode": "offline", "dir": str(tmp_path), "log_weights": True},
+    )
 
     assert wandb.run is None  # the run fit started is finished
     wandb.teardown()  # wandb's service writes the run file in the background; wait for it

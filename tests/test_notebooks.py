@@ -14,6 +14,8 @@ nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 pytest.importorskip("ipywidgets", reason="the progress widgets need ipywidgets (pip install kerastorch[test])")
+
+pytestmark = pytest.mark.slow  # each notebook runs in a fresh Jupyter kernel
 from nbclient.exceptions import CellExecutionError  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -21,13 +21,24 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def history():
-    return pd.DataFrame({"epoch": [1, 2, 3, 4], "train_loss": [1.0, 0.6, 0.4, 0.3], "train_acc": [0.5, 0.7, 0.8, 0.9],
-                         "lr": [0.1] * 4, "val_loss": [1.1, 0.7, 0.8, math.nan], "val_acc": [0.4, 0.8, 0.75, math.nan]})
+    return pd.DataFrame(
+        {
+            "epoch": [1, 2, 3, 4],
+            "train_loss": [1.0, 0.6, 0.4, 0.3],
+            "train_acc": [0.5, 0.7, 0.8, 0.9],
+            "lr": [0.1] * 4,
+            "val_loss": [1.1, 0.7, 0.8, math.nan],
+            "val_acc": [0.4, 0.8, 0.75, math.nan],
+        }
+    )
 
 
 def curves(ax) -> dict:
-    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()
-            if not line.get_label().startswith("_")}
+    return {
+        line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+        for line in ax.get_lines()
+        if not line.get_label().startswith("_")
+    }
 
 
 def test_plot_history_draws_every_quantity_and_marks_the_best_epoch():
@@ -66,17 +77,23 @@ def test_plot_history_errors_name_what_is_there():
 def small_model():
     kt.seed_everything(0)
     net = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
-    return kt.KerasModel(net, loss_fn=nn.CrossEntropyLoss(),
-                         metrics_dict={"acc": torchmetrics.Accuracy(task="multiclass", num_classes=10),
-                                       "top3": torchmetrics.Accuracy(task="multiclass", num_classes=10, top_k=3)},
-                         optimizer=torch.optim.Adam(net.parameters(), lr=0.01))
+    return kt.KerasModel(
+        net,
+        loss_fn=nn.CrossEntropyLoss(),
+        metrics_dict={
+            "acc": torchmetrics.Accuracy(task="multiclass", num_classes=10),
+            "top3": torchmetrics.Accuracy(task="multiclass", num_classes=10, top_k=3),
+        },
+        optimizer=torch.optim.Adam(net.parameters(), lr=0.01),
+    )
 
 
 def test_live_plot_outside_jupyter_rewrites_one_png_and_prints_its_path_once(tmp_path, capsys):
     dl_train, dl_val = digits_loaders(size=8)
     live = kt.LivePlot(monitor="val_acc", mode="max", path=str(tmp_path / "plots" / "run.png"))
-    dfhistory = small_model().fit(dl_train, dl_val, epochs=3, patience=None, monitor="val_acc", mode="max",
-                                  callbacks=[live], verbose=0)
+    dfhistory = small_model().fit(
+        dl_train, dl_val, epochs=3, patience=None, monitor="val_acc", mode="max", callbacks=[live], verbose=0
+    )
     assert os.listdir(tmp_path / "plots") == ["run.png"]  # no partial files left beside it
     assert (tmp_path / "plots" / "run.png").read_bytes().startswith(PNG_MAGIC)
     printed = capsys.readouterr().out
@@ -91,12 +108,17 @@ def test_live_plot_refuses_unknown_metrics_before_training(tmp_path):
     model = small_model()
     before = [p.detach().clone() for p in model.net.parameters()]
     with pytest.raises(ValueError, match=r"\['val_f1'\] will not be logged; this model logs \['loss', 'acc', 'top3'\]"):
-        model.fit(*digits_loaders(size=8), epochs=1, verbose=0,
-                  callbacks=[kt.LivePlot(metrics=["loss", "val_f1"], path=str(tmp_path / "run.png"))])
+        model.fit(
+            *digits_loaders(size=8),
+            epochs=1,
+            verbose=0,
+            callbacks=[kt.LivePlot(metrics=["loss", "val_f1"], path=str(tmp_path / "run.png"))],
+        )
     assert all(torch.equal(a, b) for a, b in zip(before, model.net.parameters()))
     assert not (tmp_path / "run.png").exists()
 
 
+@pytest.mark.slow
 def test_fit_plot_true_in_a_script_never_imports_pyplot_and_logs_one_line_per_epoch(tmp_path):
     """A real script with its output piped, as in a CI log: no window, no flood of redraws."""
     script = textwrap.dedent("""
@@ -112,10 +134,14 @@ def test_fit_plot_true_in_a_script_never_imports_pyplot_and_logs_one_line_per_ep
         model.fit(dl_train, dl_val, epochs=3, patience=None, plot=True)
         print("pyplot imported:", "matplotlib.pyplot" in sys.modules)
     """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
-           "MPLBACKEND": "TkAgg"}  # an interactive backend: would open a window if pyplot were used
-    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=120)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+        "MPLBACKEND": "TkAgg",
+    }  # an interactive backend: would open a window if pyplot were used
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     output = result.stdout + result.stderr
     assert "pyplot imported: False" in output

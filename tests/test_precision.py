@@ -11,16 +11,20 @@ import warnings
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 import kerastorch as kt
-from kerastorch.examples import digits_datasets
 from kerastorch.options import PRECISIONS, parse_precision
 
 HAS_CUDA = torch.cuda.device_count() > 0  # counted through NVML: does not initialise CUDA in this process
-needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-without_cuda = pytest.mark.skipif(HAS_CUDA, reason="checks the answer on a machine without CUDA")
 
+
+def needs_cuda(test):
+    """A GPU test: marked `gpu`, skipped without CUDA."""
+    return pytest.mark.gpu(pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")(test))
+
+
+without_cuda = pytest.mark.skipif(HAS_CUDA, reason="checks the answer on a machine without CUDA")
 
 
 @pytest.fixture
@@ -53,8 +57,9 @@ def numpy_accuracy(preds, labels):
 
 
 def fit(net, loaders, loss_fn=None, epochs=3, **kwargs):
-    model = kt.KerasModel(net, loss_fn or DtypeSpy(), {"acc": numpy_accuracy},
-                          torch.optim.Adam(net.parameters(), lr=1e-2))
+    model = kt.KerasModel(
+        net, loss_fn or DtypeSpy(), {"acc": numpy_accuracy}, torch.optim.Adam(net.parameters(), lr=1e-2)
+    )
     history = model.fit(*loaders, epochs=epochs, patience=None, verbose=0, **kwargs)
     return model, history
 
@@ -66,16 +71,28 @@ def assert_learned(history):
 
 # -- the names -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("given, canonical", [
-    *[(p, p) for p in PRECISIONS],
-    (32, "32-true"), ("32", "32-true"), (64, "64-true"), ("64", "64-true"),
-    (16, "16-mixed"), ("16", "16-mixed"), ("bf16", "bf16-mixed"), (" BF16-Mixed ", "bf16-mixed"),
-])
+
+@pytest.mark.parametrize(
+    "given, canonical",
+    [
+        *[(p, p) for p in PRECISIONS],
+        (32, "32-true"),
+        ("32", "32-true"),
+        (64, "64-true"),
+        ("64", "64-true"),
+        (16, "16-mixed"),
+        ("16", "16-mixed"),
+        ("bf16", "bf16-mixed"),
+        (" BF16-Mixed ", "bf16-mixed"),
+    ],
+)
 def test_every_name_and_alias(given, canonical):
     assert parse_precision(given) == canonical
 
 
-@pytest.mark.parametrize("mixed_precision, canonical", [("no", "32-true"), ("fp16", "16-mixed"), ("bf16", "bf16-mixed")])
+@pytest.mark.parametrize(
+    "mixed_precision, canonical", [("no", "32-true"), ("fp16", "16-mixed"), ("bf16", "bf16-mixed")]
+)
 def test_torchkeras_mixed_precision_words(mixed_precision, canonical):
     assert parse_precision(mixed_precision=mixed_precision) == canonical
     assert parse_precision(canonical, mixed_precision=mixed_precision) == canonical
@@ -97,6 +114,7 @@ def test_invalid_or_conflicting_mixed_precision():
 
 
 # -- real fits on the CPU ----------------------------------------------------------------------
+
 
 def test_32_true_trains_in_float32_and_says_so(loaders, capsys):
     net = make_mlp()
@@ -145,8 +163,9 @@ def test_16_mixed_on_the_cpu_warns_and_runs_bf16(loaders, capsys, arguments):
 @pytest.mark.parametrize("precision, dtype", [("bf16-true", torch.bfloat16), ("16-true", torch.float16)])
 def test_half_true_precisions_convert_the_net(loaders, precision, dtype):
     net = make_mlp()
-    model = kt.KerasModel(net, DtypeSpy(), {"acc": numpy_accuracy},
-                          torch.optim.Adam(net.parameters(), lr=1e-2, eps=1e-4))  # 1e-8 is 0 in float16
+    model = kt.KerasModel(
+        net, DtypeSpy(), {"acc": numpy_accuracy}, torch.optim.Adam(net.parameters(), lr=1e-2, eps=1e-4)
+    )  # 1e-8 is 0 in float16
     history = model.fit(*loaders, epochs=3, patience=None, verbose=0, precision=precision)
     assert_learned(history)
     assert model.loss_fn.seen == {dtype}
@@ -195,16 +214,24 @@ def test_two_fits_with_different_precisions_in_one_process(loaders):
 
 # -- errors before any weight changes -----------------------------------------------------------
 
-@pytest.mark.parametrize("arguments, error, words", [
-    ({"precision": "half"}, ValueError, "'32-true', '16-mixed', 'bf16-mixed'"),
-    ({"mixed_precision": "fp8"}, ValueError, "use 'no', 'fp16' or 'bf16'"),
-    ({"accelerator": "tpu"}, ValueError, "use one of 'auto', 'cpu', 'gpu', 'cuda', 'mps'"),
-    ({"devices": 1.5}, TypeError, "devices takes an int k"),
-    ({"devices": [0, 0]}, ValueError, "more than once"),
-    pytest.param({"accelerator": "gpu"}, RuntimeError, "no GPU that torch can use", marks=without_cuda),
-    pytest.param({"accelerator": "cuda", "devices": [0]}, RuntimeError, "accelerator='cuda' was asked for",
-                 marks=without_cuda),
-])
+
+@pytest.mark.parametrize(
+    "arguments, error, words",
+    [
+        ({"precision": "half"}, ValueError, "'32-true', '16-mixed', 'bf16-mixed'"),
+        ({"mixed_precision": "fp8"}, ValueError, "use 'no', 'fp16' or 'bf16'"),
+        ({"accelerator": "tpu"}, ValueError, "use one of 'auto', 'cpu', 'gpu', 'cuda', 'mps'"),
+        ({"devices": 1.5}, TypeError, "devices takes an int k"),
+        ({"devices": [0, 0]}, ValueError, "more than once"),
+        pytest.param({"accelerator": "gpu"}, RuntimeError, "no GPU that torch can use", marks=without_cuda),
+        pytest.param(
+            {"accelerator": "cuda", "devices": [0]},
+            RuntimeError,
+            "accelerator='cuda' was asked for",
+            marks=without_cuda,
+        ),
+    ],
+)
 def test_bad_settings_fail_before_training(loaders, arguments, error, words):
     net = make_mlp()
     before = [p.detach().clone() for p in net.parameters()]
@@ -214,6 +241,7 @@ def test_bad_settings_fail_before_training(loaders, arguments, error, words):
 
 
 # -- on a GPU ---------------------------------------------------------------------------------
+
 
 @needs_cuda
 @pytest.mark.parametrize("devices", [1, [0], "0", "0,"])

@@ -29,9 +29,12 @@ def loaders():
 def small_model():
     kt.seed_everything(0)
     net = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
-    return kt.KerasModel(net, loss_fn=nn.CrossEntropyLoss(),
-                         metrics_dict={"acc": torchmetrics.Accuracy(task="multiclass", num_classes=10)},
-                         optimizer=torch.optim.Adam(net.parameters(), lr=0.01))
+    return kt.KerasModel(
+        net,
+        loss_fn=nn.CrossEntropyLoss(),
+        metrics_dict={"acc": torchmetrics.Accuracy(task="multiclass", num_classes=10)},
+        optimizer=torch.optim.Adam(net.parameters(), lr=0.01),
+    )
 
 
 def test_in_a_terminal_each_epoch_leaves_one_redrawn_bar(loaders):
@@ -54,8 +57,9 @@ def test_in_a_terminal_each_epoch_leaves_one_redrawn_bar(loaders):
     reader.start()
     with os.fdopen(replica, "w") as terminal:
         assert output_style(terminal) == "terminal"
-        small_model().fit(*loaders, epochs=2, patience=None, verbose=0,
-                          callbacks=[ProgressBar(mininterval=0, file=terminal)])
+        small_model().fit(
+            *loaders, epochs=2, patience=None, verbose=0, callbacks=[ProgressBar(mininterval=0, file=terminal)]
+        )
         terminal.flush()
         text = b""
         for _ in range(100):
@@ -84,8 +88,13 @@ def test_verbose_0_prints_nothing_and_verbose_2_prints_lines_anywhere(loaders, c
     small_model().fit(*loaders, epochs=2, patience=None, verbose=0)
     assert capsys.readouterr().out == ""
     terminal_like = io.StringIO()
-    small_model().fit(*loaders, epochs=2, patience=None, verbose=0,
-                      callbacks=[ProgressBar(verbose=2, style="terminal", file=terminal_like)])
+    small_model().fit(
+        *loaders,
+        epochs=2,
+        patience=None,
+        verbose=0,
+        callbacks=[ProgressBar(verbose=2, style="terminal", file=terminal_like)],
+    )
     assert terminal_like.getvalue() == ""
     assert [line[:9] for line in capsys.readouterr().out.splitlines()] == ["Epoch 1/2", "Epoch 2/2"]
 

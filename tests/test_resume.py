@@ -26,11 +26,17 @@ SCRIPT = os.path.join(REPO_ROOT, "tests", "resume_training_script.py")
 
 # -- a real process, killed and started again ---------------------------------------------------
 
+
 def start_script(out_dir, ckpt_path, *extra) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     os.makedirs(out_dir, exist_ok=True)
-    return subprocess.Popen([sys.executable, SCRIPT, str(out_dir), str(ckpt_path), *extra], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, SCRIPT, str(out_dir), str(ckpt_path), *extra],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def finish(process: subprocess.Popen) -> tuple[int, str]:
@@ -44,6 +50,7 @@ def read_run(out_dir) -> tuple[pd.DataFrame, dict]:
     return history, load_file(os.path.join(out_dir, "final.safetensors"))
 
 
+@pytest.mark.slow
 def test_a_run_killed_mid_epoch_and_mid_write_resumes_to_the_uninterrupted_result(tmp_path):
     # The run that is never interrupted goes on beside the one that is killed twice.
     reference = start_script(tmp_path / "reference", tmp_path / "reference" / "best.safetensors")
@@ -85,6 +92,7 @@ def test_a_run_killed_mid_epoch_and_mid_write_resumes_to_the_uninterrupted_resul
 
 # -- in-process checks on a tiny run ----------------------------------------------------------------
 
+
 def tiny_data(seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(96, 6, generator=g)
@@ -98,8 +106,11 @@ def tiny_data(seed: int = 0):
 def tiny_model(hidden: int = 16, optimizer: str = "sgd") -> kt.KerasModel:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(6, hidden), nn.ReLU(), nn.Dropout(0.2), nn.Linear(hidden, 2))
-    opt = (torch.optim.SGD(net.parameters(), lr=0.2, momentum=0.9) if optimizer == "sgd"
-           else torch.optim.Adam(net.parameters(), lr=1e-2))
+    opt = (
+        torch.optim.SGD(net.parameters(), lr=0.2, momentum=0.9)
+        if optimizer == "sgd"
+        else torch.optim.Adam(net.parameters(), lr=1e-2)
+    )
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
     return kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=opt, lr_scheduler=scheduler)
 
@@ -123,12 +134,22 @@ def test_more_epochs_after_a_finished_run_continue_exactly(tmp_path):
 
     dl_train, dl_val = tiny_data()
     first = tiny_model()
-    first.fit(dl_train, dl_val, epochs=3, patience=None, verbose=0, ckpt_path=tmp_path / "best.safetensors", resume=True)
+    first.fit(
+        dl_train, dl_val, epochs=3, patience=None, verbose=0, ckpt_path=tmp_path / "best.safetensors", resume=True
+    )
     counter = CountEpochs()
     dl_train, dl_val = tiny_data()
     second = tiny_model()
-    history = second.fit(dl_train, dl_val, epochs=5, patience=None, verbose=0, callbacks=[counter],
-                         ckpt_path=tmp_path / "best.safetensors", resume=True)
+    history = second.fit(
+        dl_train,
+        dl_val,
+        epochs=5,
+        patience=None,
+        verbose=0,
+        callbacks=[counter],
+        ckpt_path=tmp_path / "best.safetensors",
+        resume=True,
+    )
 
     assert counter.epochs == [4, 5]
     pd.testing.assert_frame_equal(history, straight_history, check_exact=True)
@@ -143,8 +164,9 @@ def test_running_a_finished_run_again_returns_its_history_and_best_weights_witho
 
     counter = CountEpochs()
     again = tiny_model()
-    history = again.fit(dl_train, dl_val, epochs=3, patience=None, verbose=0, ckpt_path=ckpt, resume=True,
-                        callbacks=[counter])
+    history = again.fit(
+        dl_train, dl_val, epochs=3, patience=None, verbose=0, ckpt_path=ckpt, resume=True, callbacks=[counter]
+    )
     assert counter.epochs == []
     pd.testing.assert_frame_equal(history, first_history, check_exact=True)
     assert all(torch.equal(a, b) for a, b in zip(weights_of(again).values(), weights_of(first).values()))
@@ -154,12 +176,31 @@ def test_an_early_stopped_run_stays_stopped_when_run_again(tmp_path):
     ckpt = tmp_path / "best.safetensors"
     dl_train, dl_val = tiny_data()
     # The training loss falls, so with mode="max" epoch 1 stays the best and patience 2 stops at epoch 3.
-    first = tiny_model().fit(dl_train, dl_val, epochs=10, patience=2, monitor="train_loss", mode="max", verbose=0,
-                             ckpt_path=ckpt, resume=True)
+    first = tiny_model().fit(
+        dl_train,
+        dl_val,
+        epochs=10,
+        patience=2,
+        monitor="train_loss",
+        mode="max",
+        verbose=0,
+        ckpt_path=ckpt,
+        resume=True,
+    )
     assert first["epoch"].tolist() == [1, 2, 3]
     counter = CountEpochs()
-    again = tiny_model().fit(dl_train, dl_val, epochs=10, patience=2, monitor="train_loss", mode="max", verbose=0,
-                             ckpt_path=ckpt, resume=True, callbacks=[counter])
+    again = tiny_model().fit(
+        dl_train,
+        dl_val,
+        epochs=10,
+        patience=2,
+        monitor="train_loss",
+        mode="max",
+        verbose=0,
+        ckpt_path=ckpt,
+        resume=True,
+        callbacks=[counter],
+    )
     assert counter.epochs == []
     pd.testing.assert_frame_equal(again, first, check_exact=True)
 
@@ -207,8 +248,11 @@ def test_resuming_with_a_different_net_shape_is_a_clear_error(tmp_path):
     ckpt, dl_train, dl_val = saved_run(tmp_path)
     other = tiny_model(hidden=24)
     before = weights_of(other)
-    with pytest.raises(ValueError, match=r"saved from a different net: 0\.weight has shape \(16, 6\) there and "
-                                         r"\(24, 6\) here.*delete .*best\.safetensors\.state.*resume=False"):
+    with pytest.raises(
+        ValueError,
+        match=r"saved from a different net: 0\.weight has shape \(16, 6\) there and "
+        r"\(24, 6\) here.*delete .*best\.safetensors\.state.*resume=False",
+    ):
         other.fit(dl_train, dl_val, epochs=2, verbose=0, ckpt_path=ckpt, resume=True)
     assert all(torch.equal(before[k], v) for k, v in other.net.state_dict().items())
 
@@ -224,8 +268,11 @@ def test_resuming_with_a_different_optimizer_is_a_clear_error(tmp_path):
     head_only.optimizer = torch.optim.SGD(head_only.net[3].parameters(), lr=0.2, momentum=0.9)
     head_only.lr_scheduler = torch.optim.lr_scheduler.StepLR(head_only.optimizer, step_size=1, gamma=0.7)
     before = weights_of(head_only)
-    with pytest.raises(ValueError, match=r"optimizer over other parameters: 4 tensors \(146 numbers\) there, "
-                                         r"2 tensors \(34 numbers\) here"):
+    with pytest.raises(
+        ValueError,
+        match=r"optimizer over other parameters: 4 tensors \(146 numbers\) there, "
+        r"2 tensors \(34 numbers\) here",
+    ):
         head_only.fit(dl_train, dl_val, epochs=2, verbose=0, ckpt_path=ckpt, resume=True)
     assert all(torch.equal(before[k], v) for k, v in head_only.net.state_dict().items())
 
@@ -241,8 +288,11 @@ def test_resuming_without_the_scheduler_it_was_saved_with_is_a_clear_error(tmp_p
 def test_resuming_while_monitoring_another_value_is_a_clear_error(tmp_path):
     ckpt, dl_train, dl_val = saved_run(tmp_path)  # saved while watching val_loss, mode min
     model = tiny_model()
-    with pytest.raises(ValueError, match=r"saved with RestoreBestWeights watching monitor='val_loss', mode='min'; this "
-                                         r"run asks for monitor='train_loss', mode='max'"):
+    with pytest.raises(
+        ValueError,
+        match=r"saved with RestoreBestWeights watching monitor='val_loss', mode='min'; this "
+        r"run asks for monitor='train_loss', mode='max'",
+    ):
         model.fit(dl_train, dl_val, epochs=2, verbose=0, ckpt_path=ckpt, resume=True, monitor="train_loss", mode="max")
 
 
@@ -261,7 +311,9 @@ def test_a_damaged_state_file_is_refused_with_the_path_and_the_way_out(tmp_path,
         torch.save(tiny_model().net.state_dict(), state_path)
     model = tiny_model()
     before = weights_of(model)
-    with pytest.raises(ValueError, match=r"best\.safetensors\.state.*(delete it to start fresh|Delete it to start fresh)"):
+    with pytest.raises(
+        ValueError, match=r"best\.safetensors\.state.*(delete it to start fresh|Delete it to start fresh)"
+    ):
         model.fit(dl_train, dl_val, epochs=2, verbose=0, ckpt_path=ckpt, resume=True)
     assert all(torch.equal(before[k], v) for k, v in model.net.state_dict().items())
 
@@ -275,8 +327,15 @@ def test_a_callback_state_that_cannot_be_stored_safely_is_refused_before_trainin
     model = tiny_model()
     before = weights_of(model)
     with pytest.raises(TypeError, match=r"the KeepsAnObject callback's state_dict\(\)\['tool'\] is a object"):
-        model.fit(dl_train, dl_val, epochs=2, verbose=0, ckpt_path=tmp_path / "w.safetensors", resume=True,
-                  callbacks=[KeepsAnObject()])
+        model.fit(
+            dl_train,
+            dl_val,
+            epochs=2,
+            verbose=0,
+            ckpt_path=tmp_path / "w.safetensors",
+            resume=True,
+            callbacks=[KeepsAnObject()],
+        )
     assert all(torch.equal(before[k], v) for k, v in model.net.state_dict().items())
     assert not os.path.exists(tmp_path / "w.safetensors.state")
 
@@ -301,12 +360,14 @@ def test_a_samplers_epoch_counter_is_part_of_the_saved_data_order():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_on_a_gpu_the_grad_scaler_and_cuda_generators_are_saved_and_restored(tmp_path):
     ckpt = tmp_path / "best.safetensors"
     dl_train, dl_val = tiny_data()
     first = tiny_model()
-    first_history = first.fit(dl_train, dl_val, epochs=2, verbose=0, accelerator="cuda", precision="16-mixed",
-                              ckpt_path=ckpt, resume=True)
+    first_history = first.fit(
+        dl_train, dl_val, epochs=2, verbose=0, accelerator="cuda", precision="16-mixed", ckpt_path=ckpt, resume=True
+    )
     state = load_state_file(training_state_path(ckpt))
     assert len(state["rng"]["cuda"]) == torch.cuda.device_count()
     assert state["grad_scaler"] is not None and "scale" in state["grad_scaler"]
@@ -318,8 +379,17 @@ def test_on_a_gpu_the_grad_scaler_and_cuda_generators_are_saved_and_restored(tmp
 
     reader = ReadScaler()
     dl_train, dl_val = tiny_data()
-    history = tiny_model().fit(dl_train, dl_val, epochs=3, verbose=0, accelerator="cuda", precision="16-mixed",
-                               ckpt_path=ckpt, resume=True, callbacks=[reader])
+    history = tiny_model().fit(
+        dl_train,
+        dl_val,
+        epochs=3,
+        verbose=0,
+        accelerator="cuda",
+        precision="16-mixed",
+        ckpt_path=ckpt,
+        resume=True,
+        callbacks=[reader],
+    )
     assert history["epoch"].tolist() == [1, 2, 3]
     pd.testing.assert_frame_equal(history.iloc[:2], first_history, check_exact=True)
     assert reader.scale == float(state["grad_scaler"]["scale"])

@@ -20,28 +20,38 @@ from kerastorch.plan import choose_devices, parse_accelerator
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_CUDA = torch.cuda.device_count() > 0  # counted through NVML: does not initialise CUDA in this process
-needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+
+def needs_cuda(test):
+    """A GPU test: marked `gpu`, skipped without CUDA."""
+    return pytest.mark.gpu(pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")(test))
+
+
 without_cuda = pytest.mark.skipif(HAS_CUDA, reason="checks the answer on a machine without CUDA")
 
 
 # -- seed 001's table ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("devices, parsed", [
-    (3, [0, 1, 2]),          # first 3 GPUs
-    (-1, [0, 1, 2, 3]),      # all available GPUs
-    ([0], [0]),              # GPU 0
-    ([1, 3], [1, 3]),        # GPU index 1 and 3 (0-based)
-    ("3", [0, 1, 2]),        # first 3 GPUs
-    ("1, 3", [1, 3]),        # GPU index 1 and 3 (0-based)
-    ("-1", [0, 1, 2, 3]),    # all available GPUs
-    ("0, 1", [0, 1]),        # the seed's Trainer(devices="0, 1")
-    ("3,", [3]),             # a comma makes the number an index
-    ("0", [0]),              # zero devices is never meant: device 0
-    ((2, 0), [2, 0]),
-    (range(2), [0, 1]),
-    (" 2 ", [0, 1]),
-    ("auto", [0, 1, 2, 3]),  # all from a script
-])
+
+@pytest.mark.parametrize(
+    "devices, parsed",
+    [
+        (3, [0, 1, 2]),  # first 3 GPUs
+        (-1, [0, 1, 2, 3]),  # all available GPUs
+        ([0], [0]),  # GPU 0
+        ([1, 3], [1, 3]),  # GPU index 1 and 3 (0-based)
+        ("3", [0, 1, 2]),  # first 3 GPUs
+        ("1, 3", [1, 3]),  # GPU index 1 and 3 (0-based)
+        ("-1", [0, 1, 2, 3]),  # all available GPUs
+        ("0, 1", [0, 1]),  # the seed's Trainer(devices="0, 1")
+        ("3,", [3]),  # a comma makes the number an index
+        ("0", [0]),  # zero devices is never meant: device 0
+        ((2, 0), [2, 0]),
+        (range(2), [0, 1]),
+        (" 2 ", [0, 1]),
+        ("auto", [0, 1, 2, 3]),  # all from a script
+    ],
+)
 def test_parse_devices_follows_the_table(devices, parsed):
     assert kt.parse_devices(devices, 4) == parsed
 
@@ -56,29 +66,32 @@ def test_three_and_three_comma_differ():
     assert parse_devices("3,", 8) == [3]
 
 
-@pytest.mark.parametrize("devices, error, words", [
-    (5, ValueError, "asks for 5 devices, but this machine has 4"),
-    ("5", ValueError, "but this machine has 4"),
-    ([4], ValueError, "has 4 devices: valid indices are 0 to 3"),
-    ("1, 7", ValueError, "names index 7, but this machine has 4"),
-    ([-1], ValueError, "names index -1"),
-    ([1, 1], ValueError, "more than once"),
-    ("2, 2", ValueError, "more than once"),
-    (0, ValueError, "no device at all"),
-    (-2, ValueError, "use a positive count, or -1 for all"),
-    ([], ValueError, "is empty"),
-    (1.0, TypeError, "is a float; devices takes an int k"),
-    (True, TypeError, "is a bool"),
-    (None, TypeError, "is a NoneType"),
-    ({0, 1}, TypeError, "is a set"),
-    ("gpu", ValueError, "is not understood; devices takes"),
-    ("", ValueError, "is not understood"),
-    ("1.5", ValueError, "is not understood"),
-    ("0, x", ValueError, "is not a list of device indices"),
-    (",", ValueError, "is not a list of device indices"),
-    ([0, "1"], TypeError, "holds '1', a str, where a device index"),
-    ([0, 1.0], TypeError, "holds 1.0, a float"),
-])
+@pytest.mark.parametrize(
+    "devices, error, words",
+    [
+        (5, ValueError, "asks for 5 devices, but this machine has 4"),
+        ("5", ValueError, "but this machine has 4"),
+        ([4], ValueError, "has 4 devices: valid indices are 0 to 3"),
+        ("1, 7", ValueError, "names index 7, but this machine has 4"),
+        ([-1], ValueError, "names index -1"),
+        ([1, 1], ValueError, "more than once"),
+        ("2, 2", ValueError, "more than once"),
+        (0, ValueError, "no device at all"),
+        (-2, ValueError, "use a positive count, or -1 for all"),
+        ([], ValueError, "is empty"),
+        (1.0, TypeError, "is a float; devices takes an int k"),
+        (True, TypeError, "is a bool"),
+        (None, TypeError, "is a NoneType"),
+        ({0, 1}, TypeError, "is a set"),
+        ("gpu", ValueError, "is not understood; devices takes"),
+        ("", ValueError, "is not understood"),
+        ("1.5", ValueError, "is not understood"),
+        ("0, x", ValueError, "is not a list of device indices"),
+        (",", ValueError, "is not a list of device indices"),
+        ([0, "1"], TypeError, "holds '1', a str, where a device index"),
+        ([0, 1.0], TypeError, "holds 1.0, a float"),
+    ],
+)
 def test_parse_devices_errors_say_what_is_accepted(devices, error, words):
     with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")) as caught:
         parse_devices(devices, 4)
@@ -102,9 +115,10 @@ def test_numpy_integers_are_indices():
 
 # -- what the machine has -------------------------------------------------------------------
 
+
 def test_cpu_devices_are_processes():
-    assert choose_devices("auto", "cpu") == [0]           # Lightning: one process on the CPU
-    assert choose_devices(3, "cpu") == [0, 1, 2]          # more processes than cores runs (slowly)
+    assert choose_devices("auto", "cpu") == [0]  # Lightning: one process on the CPU
+    assert choose_devices(3, "cpu") == [0, 1, 2]  # more processes than cores runs (slowly)
     assert choose_devices(-1, "cpu") == list(range(os.cpu_count()))
     with pytest.raises(ValueError, match="CPU process"):
         choose_devices([0, 0], "cpu")
@@ -130,14 +144,18 @@ def test_absent_gpu_is_an_error_not_a_cpu_run(accelerator):
 
 # -- CUDA_VISIBLE_DEVICES for a process that should see chosen devices ------------------------
 
-@pytest.mark.parametrize("indices, visible, value", [
-    ([1, 3], None, "1,3"),
-    ([0], None, "0"),
-    ([0, 2], "4,5,6,7", "4,6"),               # indices count within the mask already set
-    ([1], "7, 3", "3"),
-    ([1], "GPU-aaaa,GPU-bbbb", "GPU-bbbb"),     # UUIDs are kept as written
-    ([0, 1], "2,5,-1,6", "2,5"),              # CUDA stops reading at a negative entry
-])
+
+@pytest.mark.parametrize(
+    "indices, visible, value",
+    [
+        ([1, 3], None, "1,3"),
+        ([0], None, "0"),
+        ([0, 2], "4,5,6,7", "4,6"),  # indices count within the mask already set
+        ([1], "7, 3", "3"),
+        ([1], "GPU-aaaa,GPU-bbbb", "GPU-bbbb"),  # UUIDs are kept as written
+        ([0, 1], "2,5,-1,6", "2,5"),  # CUDA stops reading at a negative entry
+    ],
+)
 def test_cuda_visible_devices(indices, visible, value):
     assert cuda_visible_devices(indices, visible=visible) == value
 
@@ -159,6 +177,7 @@ def test_cuda_visible_devices_reads_this_process_mask(monkeypatch):
 
 # -- find_usable_cuda_devices -------------------------------------------------------------
 
+
 def test_find_usable_zero_is_empty():
     assert kt.find_usable_cuda_devices(0) == []
 
@@ -174,10 +193,14 @@ def test_find_usable_refuses_bad_counts(bad, error):
 def test_find_usable_without_cuda_says_why(num_devices):
     with pytest.raises(ValueError, match="accelerator='cpu'") as caught:
         kt.find_usable_cuda_devices(num_devices)
-    assert "without CUDA" in str(caught.value) or "no CUDA device is visible" in str(caught.value) \
+    assert (
+        "without CUDA" in str(caught.value)
+        or "no CUDA device is visible" in str(caught.value)
         or "no NVIDIA GPU" in str(caught.value)
+    )
 
 
+@pytest.mark.slow
 def test_probe_runs_in_a_child_process_and_numbers_as_torch_does():
     initialised_before = torch.cuda.is_initialized()
     usable, occupied = _probe_in_child_process(-1)
@@ -187,17 +210,25 @@ def test_probe_runs_in_a_child_process_and_numbers_as_torch_does():
 
 # -- on a GPU ---------------------------------------------------------------------------------
 
+
 def _run_python(code: str, **env: str) -> str:
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": REPO_ROOT, **env})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": REPO_ROOT, **env},
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().splitlines()[-1]
 
 
 @needs_cuda
 def test_find_usable_one_leaves_cuda_uninitialised_in_the_caller():
-    out = _run_python("import torch, kerastorch as kt; found = kt.find_usable_cuda_devices(1); "
-                      "print(found, torch.cuda.is_initialized())")
+    out = _run_python(
+        "import torch, kerastorch as kt; found = kt.find_usable_cuda_devices(1); "
+        "print(found, torch.cuda.is_initialized())"
+    )
     assert out == "[0] False"
 
 
@@ -228,11 +259,13 @@ def test_a_forked_process_can_still_use_cuda_after_choosing_devices():
 @needs_cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_devices_list_runs_on_that_gpu_even_under_a_mask():
-    code = ("import torch, kerastorch as kt; from torch import nn; "
-            "from torch.utils.data import DataLoader, TensorDataset; "
-            "net = nn.Linear(4, 2); dl = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,))), 16); "
-            "kt.KerasModel(net, nn.CrossEntropyLoss()).fit(dl, epochs=1, verbose=0, devices=[1]); "
-            "print(next(net.parameters()).device, torch.cuda.current_device())")
+    code = (
+        "import torch, kerastorch as kt; from torch import nn; "
+        "from torch.utils.data import DataLoader, TensorDataset; "
+        "net = nn.Linear(4, 2); dl = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,))), 16); "
+        "kt.KerasModel(net, nn.CrossEntropyLoss()).fit(dl, epochs=1, verbose=0, devices=[1]); "
+        "print(next(net.parameters()).device, torch.cuda.current_device())"
+    )
     assert _run_python(code) == "cuda:1 1"
     reversed_mask = ",".join(str(i) for i in reversed(range(torch.cuda.device_count())))
     assert _run_python(code, CUDA_VISIBLE_DEVICES=reversed_mask) == "cuda:1 1"

@@ -12,7 +12,6 @@ import kerastorch as kt
 from kerastorch.callbacks import LearningRateScheduler
 
 
-
 def regression_data(n=64, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 6, generator=g)
@@ -75,7 +74,7 @@ def test_accumulation_over_a_loader_without_a_length():
 
     class Batches:  # an iterable of batches with no len(), like a streaming dataset
         def __iter__(self):
-            return iter([(x[i:i + 16], y[i:i + 16]) for i in range(0, 96, 16)])
+            return iter([(x[i : i + 16], y[i : i + 16]) for i in range(0, 96, 16)])
 
     accumulated, reference = make_net(), make_net()
     model = kt.KerasModel(accumulated, nn.MSELoss(), optimizer=torch.optim.SGD(accumulated.parameters(), lr=0.1))
@@ -119,6 +118,7 @@ if torch.distributed.is_initialized():  # close gloo before exit, not in the int
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+@pytest.mark.slow
 def test_a_last_partial_group_is_averaged_over_processes_under_ddp(tmp_path):
     import json
     import os
@@ -131,9 +131,23 @@ def test_a_last_partial_group_is_averaged_over_processes_under_ddp(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"}
     # A session of its own, so a hung run's worker processes can be ended with it.
-    run = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                            str(script), str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, start_new_session=True)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(script),
+            str(tmp_path),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         _, stderr = run.communicate(timeout=240)
     except subprocess.TimeoutExpired:
@@ -177,13 +191,13 @@ def test_clipping_bounds_the_update(algorithm):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="16-mixed with a GradScaler needs CUDA")
+@pytest.mark.gpu
 def test_clipping_under_16_mixed_clips_the_unscaled_gradient():
     x, y = regression_data(64)
     clip = 0.01
     net = make_net()
     start = flat(net).cuda()
-    fit_once(net, x, y, batch_size=64, lr=1.0, precision="16-mixed", accelerator="cuda",
-             gradient_clip_val=clip)
+    fit_once(net, x, y, batch_size=64, lr=1.0, precision="16-mixed", accelerator="cuda", gradient_clip_val=clip)
     assert (flat(net) - start).norm() == pytest.approx(clip, rel=1e-2)
 
 
@@ -217,8 +231,9 @@ def test_one_cycle_per_step_reaches_its_last_step_exactly():
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.5, total_steps=epochs * len(train))
     recorder = RecordBatchLR()
-    model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=optimizer, lr_scheduler=scheduler,
-                          lr_scheduler_interval="step")
+    model = kt.KerasModel(
+        net, nn.CrossEntropyLoss(), optimizer=optimizer, lr_scheduler=scheduler, lr_scheduler_interval="step"
+    )
     history = model.fit(train, val, epochs=epochs, patience=None, callbacks=[recorder], verbose=0)
 
     assert scheduler.last_epoch == epochs * len(train) == 21
@@ -235,8 +250,9 @@ def test_per_step_scheduler_counts_real_updates_under_accumulation():
     net = make_net()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.5, total_steps=epochs * 4)
-    model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=optimizer, lr_scheduler=scheduler,
-                          lr_scheduler_interval="step")
+    model = kt.KerasModel(
+        net, nn.CrossEntropyLoss(), optimizer=optimizer, lr_scheduler=scheduler, lr_scheduler_interval="step"
+    )
     model.fit(train, val, epochs=epochs, patience=None, verbose=0, gradient_accumulation_steps=2)
     assert scheduler.last_epoch == 12
 
@@ -246,8 +262,12 @@ def test_epoch_scheduler_and_the_lr_column():
     net = make_net()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.4)
     recorder = RecordBatchLR()
-    model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=optimizer,
-                          lr_scheduler=torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5))
+    model = kt.KerasModel(
+        net,
+        nn.CrossEntropyLoss(),
+        optimizer=optimizer,
+        lr_scheduler=torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5),
+    )
     history = model.fit(train, val, epochs=3, patience=None, callbacks=[recorder], verbose=0)
     assert list(history["lr"]) == pytest.approx([0.4, 0.2, 0.1])
     assert recorder.lrs == pytest.approx([0.4] * 7 + [0.2] * 7 + [0.1] * 7)  # the lr each epoch really used
@@ -280,8 +300,13 @@ def test_reduce_lr_on_plateau_follows_the_monitored_value():
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=0.1, patience=0)
     real_step = scheduler.step
     scheduler.step = lambda value: (seen.append(value), real_step(value))
-    model = kt.KerasModel(net, nn.CrossEntropyLoss(), {"acc": lambda p, y: (p.argmax(1) == y).float().mean()},
-                          optimizer=optimizer, lr_scheduler=scheduler)
+    model = kt.KerasModel(
+        net,
+        nn.CrossEntropyLoss(),
+        {"acc": lambda p, y: (p.argmax(1) == y).float().mean()},
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+    )
     history = model.fit(train, val, epochs=3, patience=None, monitor="val_acc", mode="max", verbose=0)
     assert seen == list(history["val_acc"])
 
@@ -292,14 +317,24 @@ def test_reduce_lr_on_plateau_per_step_is_refused_with_advice():
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     before = [p.clone() for p in net.parameters()]
     with pytest.raises(ValueError, match="lr_scheduler_interval='epoch'"):  # refused as soon as it is built
-        model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=optimizer, lr_scheduler_interval="step",
-                              lr_scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer))
+        model = kt.KerasModel(
+            net,
+            nn.CrossEntropyLoss(),
+            optimizer=optimizer,
+            lr_scheduler_interval="step",
+            lr_scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer),
+        )
         model.fit(train, val, epochs=1, verbose=0)
     assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
     pytest.importorskip("lightning.pytorch")
     with pytest.raises(ValueError, match="lr_scheduler_interval='epoch'"):  # LightModel: the same check
-        kt.LightModel(net, nn.CrossEntropyLoss(), optimizer=optimizer, lr_scheduler_interval="step",
-                      lr_scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer))
+        kt.LightModel(
+            net,
+            nn.CrossEntropyLoss(),
+            optimizer=optimizer,
+            lr_scheduler_interval="step",
+            lr_scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer),
+        )
 
 
 # -- LearningRateScheduler callback ---------------------------------------------------------
@@ -308,8 +343,9 @@ def test_reduce_lr_on_plateau_per_step_is_refused_with_advice():
 def test_learning_rate_scheduler_sets_each_epochs_lr():
     train, val = classification_loaders()
     net = make_net()
-    optimizer = torch.optim.SGD([{"params": net[0].parameters(), "lr": 0.2},
-                                 {"params": net[2].parameters(), "lr": 0.02}])
+    optimizer = torch.optim.SGD(
+        [{"params": net[0].parameters(), "lr": 0.2}, {"params": net[2].parameters(), "lr": 0.02}]
+    )
     recorder = RecordBatchLR()
     schedule = LearningRateScheduler(lambda epoch, lr: 0.1 * epoch if epoch <= 2 else lr / 4)
     model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=optimizer)
@@ -323,11 +359,11 @@ def test_learning_rate_scheduler_of_the_epoch_alone_and_a_bad_return():
     train, val = classification_loaders()
     net = make_net()
     model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=1.0))
-    history = model.fit(train, val, epochs=2, patience=None, verbose=0,
-                        callbacks=[LearningRateScheduler(lambda epoch: 0.01 * epoch)])
+    history = model.fit(
+        train, val, epochs=2, patience=None, verbose=0, callbacks=[LearningRateScheduler(lambda epoch: 0.01 * epoch)]
+    )
     assert list(history["lr"]) == pytest.approx([0.01, 0.02])
     before = flat(net)
     with pytest.raises(ValueError, match="returned None at epoch 1; it must return a learning rate"):
         model.fit(train, val, epochs=2, verbose=0, callbacks=[LearningRateScheduler(lambda epoch, lr: None)])
     assert torch.equal(flat(net), before)
-

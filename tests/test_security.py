@@ -80,8 +80,11 @@ def test_resume_refuses_a_crafted_training_state_and_runs_nothing(tmp_path, kind
     model = tiny_model()
     before = {k: v.clone() for k, v in model.net.state_dict().items()}
     x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
-    with pytest.raises(ValueError, match=r"best\.safetensors\.state' could not be read as a training state, so it was "
-                                         r"not loaded .*never code stored in the file"):
+    with pytest.raises(
+        ValueError,
+        match=r"best\.safetensors\.state' could not be read as a training state, so it was "
+        r"not loaded .*never code stored in the file",
+    ):
         model.fit(DataLoader(TensorDataset(x, y), batch_size=4), epochs=1, verbose=0, ckpt_path=ckpt, resume=True)
     with pytest.raises(ValueError):
         load_state_file(training_state_path(ckpt))

@@ -100,8 +100,15 @@ def test_step_hooks_fire_per_batch_and_per_update_with_accumulation_and_see_the_
     net = make_net()
     recorder = StepRecorder()
     model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
-    model.fit(loader, epochs=2, patience=None, verbose=0, callbacks=[recorder], gradient_accumulation_steps=3,
-              gradient_clip_val=1e-3)
+    model.fit(
+        loader,
+        epochs=2,
+        patience=None,
+        verbose=0,
+        callbacks=[recorder],
+        gradient_accumulation_steps=3,
+        gradient_clip_val=1e-3,
+    )
     per_epoch = ["before_backward", "after_backward"] * 3 + ["before_step", "after_step"]
     per_epoch = per_epoch * 2 + ["before_backward", "after_backward", "before_step", "after_step"]
     assert recorder.events == per_epoch * 2
@@ -143,8 +150,9 @@ def test_an_overridden_train_step_with_two_optimizers_trains_and_accumulates():
     body_before = net[0].weight.detach().clone()
     model = TwoOptimizers(net, metrics_dict={"acc": lambda p, t: (p.argmax(1) == t).float().mean()})
     counter = CountSteps()
-    history = model.fit(train, val, epochs=6, patience=None, verbose=0, gradient_accumulation_steps=3,
-                        callbacks=[counter])
+    history = model.fit(
+        train, val, epochs=6, patience=None, verbose=0, gradient_accumulation_steps=3, callbacks=[counter]
+    )
     assert history["val_acc"].iloc[-1] > 0.85
     assert not torch.equal(net[2].weight, head_before) and not torch.equal(net[0].weight, body_before)
     updates_per_epoch = math.ceil(16 / 3)
@@ -176,8 +184,14 @@ def test_callbacks_run_by_order_after_fits_own_watchers():
     log = []
     model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.0))
     # lr=0: no epoch improves on the first, so patience=1 stops at epoch 2
-    model.fit(loader, loader, epochs=5, patience=1, verbose=0,
-              callbacks=[Record("mine", log), Record("early", log, order=-100)])
+    model.fit(
+        loader,
+        loader,
+        epochs=5,
+        patience=1,
+        verbose=0,
+        callbacks=[Record("mine", log), Record("early", log, order=-100)],
+    )
     assert log[:2] == ["early", "mine"]
     # at epoch 2, EarlyStopping (order -10) has decided before "mine" (order 0) runs, not before "early"
     assert log[-2:] == [("early", False), ("mine", True)]

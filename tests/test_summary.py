@@ -126,8 +126,9 @@ class OneDictInput(nn.Module):
 
 def test_dict_inputs_become_keywords_or_one_argument():
     net = KeywordInputs()
-    info = kt.summary(net, input_data={"input_ids": torch.randint(0, 20, (3, 5)), "features": torch.randn(3, 2)},
-                      print_table=False)
+    info = kt.summary(
+        net, input_data={"input_ids": torch.randint(0, 20, (3, 5)), "features": torch.randn(3, 2)}, print_table=False
+    )
     assert info.total_params == n_params(net) == 80 + 12
     single = OneDictInput()
     info = kt.summary(single, input_data={"x": torch.randn(2, 3)}, print_table=False)
@@ -167,7 +168,9 @@ def test_beginner_errors_say_what_to_pass():
         kt.summary(net)
     with pytest.raises(ValueError, match="exactly one of"):
         kt.summary(net, input_data=torch.zeros(1, 2, dtype=torch.long), input_shape=(2,))
-    made_from_shape = r"(?s)could not run Embedding on the input made from input_shape.*float32 tensor of shape \[1, 5\]"
+    made_from_shape = (
+        r"(?s)could not run Embedding on the input made from input_shape.*float32 tensor of shape \[1, 5\]"
+    )
     with pytest.raises(RuntimeError, match=made_from_shape + ".*input_data="):
         kt.summary(net, input_shape=(5,))  # zeros are floats; an Embedding needs integer ids
     with pytest.raises(ValueError, match="one sample's shape"):

@@ -6,33 +6,9 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import TorchkerasAccuracy
 from kerastorch import KerasModel, summary  # was: from torchkeras import KerasModel, summary
 from kerastorch.examples import create_cnn, digits_loaders
-
-
-class Accuracy(nn.Module):
-    """torchkeras's README metric, verbatim in behaviour."""
-
-    def __init__(self):
-        super().__init__()
-        self.correct = nn.Parameter(torch.tensor(0.0), requires_grad=False)
-        self.total = nn.Parameter(torch.tensor(0.0), requires_grad=False)
-
-    def forward(self, preds: torch.Tensor, targets: torch.Tensor):
-        preds = preds.argmax(dim=-1)
-        targets = targets.reshape(-1)
-        m = (preds == targets).sum()
-        n = targets.shape[0]
-        self.correct += m
-        self.total += n
-        return m / n
-
-    def compute(self):
-        return self.correct.float() / self.total
-
-    def reset(self):
-        self.correct -= self.correct
-        self.total -= self.total
 
 
 def test_torchkeras_example_flow(tmp_path, monkeypatch, capsys):
@@ -44,11 +20,26 @@ def test_torchkeras_example_flow(tmp_path, monkeypatch, capsys):
     table = summary(net, input_data=features)
     assert table.total_params == sum(p.numel() for p in net.parameters())
 
-    model = KerasModel(net, loss_fn=nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.01),
-                       metrics_dict={"acc": Accuracy()})
-    dfhistory = model.fit(train_data=dl_train, val_data=dl_val, epochs=4, ckpt_path="checkpoint.pt", patience=3,
-                          monitor="val_acc", mode="max", plot=True, cpu=True, mixed_precision="no", quiet=True,
-                          gradient_accumulation_steps=1)
+    model = KerasModel(
+        net,
+        loss_fn=nn.CrossEntropyLoss(),
+        optimizer=torch.optim.Adam(net.parameters(), lr=0.01),
+        metrics_dict={"acc": TorchkerasAccuracy()},
+    )
+    dfhistory = model.fit(
+        train_data=dl_train,
+        val_data=dl_val,
+        epochs=4,
+        ckpt_path="checkpoint.pt",
+        patience=3,
+        monitor="val_acc",
+        mode="max",
+        plot=True,
+        cpu=True,
+        mixed_precision="no",
+        quiet=True,
+        gradient_accumulation_steps=1,
+    )
     assert dfhistory["val_acc"].max() > 0.6
     assert (tmp_path / "checkpoint.pt").is_file()
     assert (tmp_path / "kerastorch_history.png").is_file()  # plot=True outside Jupyter
@@ -57,6 +48,6 @@ def test_torchkeras_example_flow(tmp_path, monkeypatch, capsys):
     assert scores["val_acc"] == pytest.approx(dfhistory["val_acc"].max())
 
     net_clone = create_cnn()
-    model_clone = KerasModel(net_clone, loss_fn=nn.CrossEntropyLoss(), metrics_dict={"acc": Accuracy()})
+    model_clone = KerasModel(net_clone, loss_fn=nn.CrossEntropyLoss(), metrics_dict={"acc": TorchkerasAccuracy()})
     model_clone.load_ckpt("checkpoint.pt")
     assert model_clone.evaluate(dl_val, quiet=True) == pytest.approx(scores)

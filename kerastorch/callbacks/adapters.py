@@ -16,8 +16,9 @@ def as_callback(obj: Any) -> Callback:
     if isinstance(obj, Callback):
         return obj
     if isinstance(obj, type):
-        raise TypeError(f"callbacks holds the class {obj.__name__}, not an instance of it. Pass "
-                        f"callbacks=[{obj.__name__}(...)].")
+        raise TypeError(
+            f"callbacks holds the class {obj.__name__}, not an instance of it. Pass callbacks=[{obj.__name__}(...)]."
+        )
     if any(callable(getattr(obj, hook, None)) for hook in TORCHKERAS_HOOKS):
         return TorchkerasCallback(obj)
     raise TypeError(

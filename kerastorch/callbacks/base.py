@@ -73,8 +73,16 @@ class Callback:
 
 
 HOOKS = [name for name in vars(Callback) if name.startswith("on_")]
-PER_STEP_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_test_batch_begin", "on_test_batch_end",
-                  "on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_after_optimizer_step")
+PER_STEP_HOOKS = (
+    "on_train_batch_begin",
+    "on_train_batch_end",
+    "on_test_batch_begin",
+    "on_test_batch_end",
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "on_after_optimizer_step",
+)
 
 # Where fit's own callbacks stand among the user's (order 0).
 ORDER_WATCH_NAN = -30

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Optional
+import os
+from typing import Optional, Union
 
 from ..checkpoint import cpu_state_dict, save_weights, unwrap
 from .base import ORDER_BEST_WEIGHTS
@@ -22,7 +23,14 @@ class RestoreBestWeights(MonitorCallback):
 
     order = ORDER_BEST_WEIGHTS
 
-    def __init__(self, monitor: str = "val_loss", mode: str = "min", min_delta: float = 0.0, ckpt_path: Optional[str] = None, verbose: int = 0):
+    def __init__(
+        self,
+        monitor: str = "val_loss",
+        mode: str = "min",
+        min_delta: float = 0.0,
+        ckpt_path: Optional[Union[str, os.PathLike]] = None,
+        verbose: int = 0,
+    ):
         super().__init__(monitor, mode, min_delta)
         self.ckpt_path = ckpt_path
         self.verbose = verbose

@@ -47,7 +47,8 @@ class CSVLogger(Callback):
             if self._columns is not None and names is not None and self._columns != ["epoch", *names]:
                 raise ValueError(
                     f"CSVLogger(append=True): {self.filename!r} has the columns {self._columns}, but this run logs "
-                    f"{['epoch', *names]}. Write to another file, or pass append=False to start it afresh.")
+                    f"{['epoch', *names]}. Write to another file, or pass append=False to start it afresh."
+                )
 
     def on_epoch_end(self, epoch, logs=None):
         if not self.model.is_main_process:
@@ -67,9 +68,11 @@ class CSVLogger(Callback):
         os.makedirs(folder, exist_ok=True)
         write_header = self._columns is None
         self._columns = self._columns or columns
-        self._file = open(self.filename, "a" if self.append else "w", newline="", encoding="utf-8")
-        self._writer = csv.DictWriter(self._file, fieldnames=self._columns, delimiter=self.separator,
-                                      restval="", extrasaction="ignore")
+        # Open for the whole run (one row per epoch), closed in on_train_end.
+        self._file = open(self.filename, "a" if self.append else "w", newline="", encoding="utf-8")  # noqa: SIM115
+        self._writer = csv.DictWriter(
+            self._file, fieldnames=self._columns, delimiter=self.separator, restval="", extrasaction="ignore"
+        )
         if write_header:
             self._writer.writeheader()
 

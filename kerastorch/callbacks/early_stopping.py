@@ -22,10 +22,14 @@ class EarlyStopping(MonitorCallback):
 
     order = ORDER_EARLY_STOPPING
 
-    def __init__(self, monitor: str = "val_loss", mode: str = "min", patience: int = 5, min_delta: float = 0.0, verbose: int = 1):
+    def __init__(
+        self, monitor: str = "val_loss", mode: str = "min", patience: int = 5, min_delta: float = 0.0, verbose: int = 1
+    ):
         super().__init__(monitor, mode, min_delta)
         if not isinstance(patience, int) or isinstance(patience, bool) or patience < 0:
-            raise ValueError(f"patience={patience!r} must be a whole number of epochs >= 0 (or None in fit to never stop early).")
+            raise ValueError(
+                f"patience={patience!r} must be a whole number of epochs >= 0 (or None in fit to never stop early)."
+            )
         self.patience = patience
         self.verbose = verbose
         self.wait = 0

@@ -23,13 +23,25 @@ class LambdaCallback(Callback):
         model.fit(dl_train, dl_val, epochs=3, callbacks=[show])
     """
 
-    def __init__(self, on_epoch_begin: Optional[Callable] = None, on_epoch_end: Optional[Callable] = None,
-                 on_train_begin: Optional[Callable] = None, on_train_end: Optional[Callable] = None,
-                 on_train_batch_begin: Optional[Callable] = None, on_train_batch_end: Optional[Callable] = None,
-                 **other_hooks: Callable):
-        hooks = {"on_epoch_begin": on_epoch_begin, "on_epoch_end": on_epoch_end, "on_train_begin": on_train_begin,
-                 "on_train_end": on_train_end, "on_train_batch_begin": on_train_batch_begin,
-                 "on_train_batch_end": on_train_batch_end, **other_hooks}
+    def __init__(
+        self,
+        on_epoch_begin: Optional[Callable] = None,
+        on_epoch_end: Optional[Callable] = None,
+        on_train_begin: Optional[Callable] = None,
+        on_train_end: Optional[Callable] = None,
+        on_train_batch_begin: Optional[Callable] = None,
+        on_train_batch_end: Optional[Callable] = None,
+        **other_hooks: Callable,
+    ):
+        hooks = {
+            "on_epoch_begin": on_epoch_begin,
+            "on_epoch_end": on_epoch_end,
+            "on_train_begin": on_train_begin,
+            "on_train_end": on_train_end,
+            "on_train_batch_begin": on_train_batch_begin,
+            "on_train_batch_end": on_train_batch_end,
+            **other_hooks,
+        }
         for name, fn in hooks.items():
             if name not in HOOKS:
                 raise TypeError(f"LambdaCallback got {name}=..., which is not a hook; hooks are: {', '.join(HOOKS)}.")

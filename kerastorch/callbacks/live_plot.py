@@ -30,8 +30,14 @@ class LivePlot(Callback):
 
     order = ORDER_DISPLAY
 
-    def __init__(self, monitor: Optional[str] = None, mode: str = "min", path: str = "kerastorch_history.png",
-                 metrics: Optional[Sequence[str]] = None, dpi: int = 80):
+    def __init__(
+        self,
+        monitor: Optional[str] = None,
+        mode: str = "min",
+        path: str = "kerastorch_history.png",
+        metrics: Optional[Sequence[str]] = None,
+        dpi: int = 80,
+    ):
         self.monitor, self.mode, self.path = monitor, mode, path
         self.metrics = metrics
         self.dpi = dpi
@@ -48,16 +54,19 @@ class LivePlot(Callback):
             known = ["loss", *getattr(self.model, "metrics_dict", {})]
             unknown = [m for m in self.metrics if bare_name(m) not in known]
             if unknown:
-                raise ValueError(f"LivePlot(metrics={list(self.metrics)!r}): {unknown} will not be logged; "
-                                 f"this model logs {known} (with the train_/val_ prefix).")
+                raise ValueError(
+                    f"LivePlot(metrics={list(self.metrics)!r}): {unknown} will not be logged; "
+                    f"this model logs {known} (with the train_/val_ prefix)."
+                )
 
     def on_epoch_end(self, epoch, logs=None):
         if not self.model.is_main_process:
             return
         self._rows.append(dict(logs))
         history = pd.DataFrame(self._rows)
-        self.figure = plot_history(history, metrics=self._panels(history), monitor=self._monitor(history),
-                                   mode=self.mode)
+        self.figure = plot_history(
+            history, metrics=self._panels(history), monitor=self._monitor(history), mode=self.mode
+        )
         if in_notebook():
             self._show_in_notebook(self.figure)
         else:

@@ -46,8 +46,9 @@ def _checked_lr(value, epoch: int) -> float:
     if hasattr(value, "item"):  # a one-element tensor or numpy number
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"The schedule returned {value!r} at epoch {epoch}; it must return a learning rate, "
-                         "a finite number >= 0.")
+        raise ValueError(
+            f"The schedule returned {value!r} at epoch {epoch}; it must return a learning rate, a finite number >= 0."
+        )
     return float(value)
 
 

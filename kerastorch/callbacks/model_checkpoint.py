@@ -38,12 +38,22 @@ class ModelCheckpoint(MonitorCallback):
         model.load_ckpt("ckpt/best.safetensors")
     """
 
-    def __init__(self, filepath: Union[str, os.PathLike], monitor: str = "val_loss", mode: str = "min",
-                 save_best_only: bool = False, every_n_epochs: int = 1, keep_last: Optional[int] = None,
-                 min_delta: float = 0.0, verbose: int = 0):
+    def __init__(
+        self,
+        filepath: Union[str, os.PathLike],
+        monitor: str = "val_loss",
+        mode: str = "min",
+        save_best_only: bool = False,
+        every_n_epochs: int = 1,
+        keep_last: Optional[int] = None,
+        min_delta: float = 0.0,
+        verbose: int = 0,
+    ):
         super().__init__(monitor, mode, min_delta)
         if not isinstance(filepath, (str, os.PathLike)):
-            raise TypeError(f"filepath must be a path like 'ckpt/epoch{{epoch}}.safetensors'; got a {type(filepath).__name__}.")
+            raise TypeError(
+                f"filepath must be a path like 'ckpt/epoch{{epoch}}.safetensors'; got a {type(filepath).__name__}."
+            )
         self.filepath = os.fspath(filepath)
         self.fields = template_fields(self.filepath)
         if isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 1:
@@ -62,8 +72,10 @@ class ModelCheckpoint(MonitorCallback):
         names = self.params.get("metrics")
         unknown = [f for f in self.fields if names is not None and f != "epoch" and f not in names]
         if unknown:
-            raise ValueError(f"ModelCheckpoint filepath {self.filepath!r} names {', '.join(map(repr, unknown))}, which "
-                             f"this run does not log; use 'epoch' or any of: {', '.join(names)}.")
+            raise ValueError(
+                f"ModelCheckpoint filepath {self.filepath!r} names {', '.join(map(repr, unknown))}, which "
+                f"this run does not log; use 'epoch' or any of: {', '.join(names)}."
+            )
 
     def on_epoch_end(self, epoch, logs=None):
         if epoch % self.every_n_epochs != 0:
@@ -100,15 +112,19 @@ def template_fields(template: str) -> list[str]:
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as error:
-        raise ValueError(f"filepath {template!r} is not a valid template ({error}); write fields like "
-                         "{epoch:02d} or {val_loss:.3f}, and double braces {{ }} for literal ones.") from None
+        raise ValueError(
+            f"filepath {template!r} is not a valid template ({error}); write fields like "
+            "{epoch:02d} or {val_loss:.3f}, and double braces {{ }} for literal ones."
+        ) from None
     fields = []
     for _, name, _, _ in parsed:
         if name is None:
             continue
         if not name or not name.isidentifier():
-            raise ValueError(f"filepath {template!r} has the field {{{name}}}; fields must be names like "
-                             "{epoch} or {val_loss:.3f}.")
+            raise ValueError(
+                f"filepath {template!r} has the field {{{name}}}; fields must be names like "
+                "{epoch} or {val_loss:.3f}."
+            )
         fields.append(name)
     return fields
 

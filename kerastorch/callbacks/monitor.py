@@ -27,7 +27,9 @@ def improves(current: float, best: Optional[float], mode: str, min_delta: float 
 
 def check_mode(mode: str) -> str:
     if mode not in MODES:
-        raise ValueError(f"mode={mode!r} is not supported; use 'min' (lower is better, e.g. a loss) or 'max' (e.g. accuracy).")
+        raise ValueError(
+            f"mode={mode!r} is not supported; use 'min' (lower is better, e.g. a loss) or 'max' (e.g. accuracy)."
+        )
     return mode
 
 
@@ -45,13 +47,17 @@ class MonitorCallback(Callback):
         """Fail before the first batch when ``monitor`` is not a value this run will log."""
         names = self.params.get("metrics")
         if names is not None and self.monitor not in names:
-            raise ValueError(f"{type(self).__name__} monitors {self.monitor!r}, which this run does not log; "
-                             f"available: {', '.join(names)}.")
+            raise ValueError(
+                f"{type(self).__name__} monitors {self.monitor!r}, which this run does not log; "
+                f"available: {', '.join(names)}."
+            )
 
     def current_value(self, logs: dict) -> float:
         if self.monitor not in logs:
             available = ", ".join(k for k in logs if k != "epoch")
-            raise ValueError(f"{type(self).__name__} monitors {self.monitor!r}, which is not logged; available: {available}.")
+            raise ValueError(
+                f"{type(self).__name__} monitors {self.monitor!r}, which is not logged; available: {available}."
+            )
         return float(logs[self.monitor])
 
     def is_improvement(self, current: float) -> bool:

@@ -85,8 +85,9 @@ class ProgressBar(Callback):
         if self._active_style == "notebook":
             self.epoch_bar = self._new_bar(total=self.params.get("epochs"), desc="Epochs", unit="epoch", leave=True)
         if self._active_style == "notebook":  # still a notebook: the widgets imported
-            self.step_bar = self._new_bar(total=self.params.get("steps"), desc="Epoch 1", unit="step", leave=True,
-                                          mininterval=self.mininterval)
+            self.step_bar = self._new_bar(
+                total=self.params.get("steps"), desc="Epoch 1", unit="step", leave=True, mininterval=self.mininterval
+            )
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = time.monotonic()
@@ -97,8 +98,9 @@ class ProgressBar(Callback):
             self.step_bar.reset(total=self.params.get("steps"))
             self.step_bar.set_description(description, refresh=False)
         elif self._active_style == "terminal":
-            self.step_bar = self._new_bar(total=self.params.get("steps"), desc=description, unit="step", leave=True,
-                                          mininterval=self.mininterval)
+            self.step_bar = self._new_bar(
+                total=self.params.get("steps"), desc=description, unit="step", leave=True, mininterval=self.mininterval
+            )
 
     def on_train_batch_end(self, batch, logs=None):
         if self.step_bar is None:

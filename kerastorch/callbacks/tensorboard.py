@@ -17,8 +17,10 @@ def summary_writer_class() -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        raise ImportError("The TensorBoard callback needs the tensorboard package: "
-                          "pip install 'kerastorch[tensorboard]' (or pip install tensorboard).") from None
+        raise ImportError(
+            "The TensorBoard callback needs the tensorboard package: "
+            "pip install 'kerastorch[tensorboard]' (or pip install tensorboard)."
+        ) from None
     return SummaryWriter
 
 
@@ -80,7 +82,7 @@ def split_name(name: str) -> tuple[str, str]:
     """``"val_acc"`` -> ``("val", "acc")``; names without a stage (``lr``) go with train."""
     for stage in STAGES:
         if name.startswith(stage + "_"):
-            return stage, name[len(stage) + 1:]
+            return stage, name[len(stage) + 1 :]
     return "train", name
 
 

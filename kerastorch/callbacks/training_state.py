@@ -59,8 +59,14 @@ class TrainingState(Callback):
 
     order = ORDER_TRAINING_STATE
 
-    def __init__(self, path: str | os.PathLike, callbacks: Iterable[Any] = (), loaders: Iterable[Any] = (),
-                 resume: bool = True, verbose: int = 1):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        callbacks: Iterable[Any] = (),
+        loaders: Iterable[Any] = (),
+        resume: bool = True,
+        verbose: int = 1,
+    ):
         self.path = os.fspath(path)
         self.callbacks = [cb for cb in callbacks if cb is not self]
         self.loaders = list(loaders)
@@ -142,7 +148,9 @@ class TrainingState(Callback):
         """Raise before training if some part of the state could not be written safely."""
         model = self.model
         to_plain(model.optimizer.state_dict(), "optimizer.state_dict()")
-        to_plain(model.lr_scheduler.state_dict() if model.lr_scheduler is not None else None, "lr_scheduler.state_dict()")
+        to_plain(
+            model.lr_scheduler.state_dict() if model.lr_scheduler is not None else None, "lr_scheduler.state_dict()"
+        )
         for key, cb in keyed_callbacks(self.callbacks).items():
             to_plain(cb.state_dict(), f"the {key} callback's state_dict()")
 
@@ -164,40 +172,62 @@ def check_state_fits(state: dict, model: Any, path: str) -> None:
     """Refuse, before anything is loaded, a state saved from another net, optimizer or scheduler."""
     fresh = f"Resume with the same net, optimizer and lr_scheduler, or delete {path!r} (or pass resume=False) to start fresh."
     required = ("epoch", "history", "net", "optimizer_type", "optimizer_param_shapes", "optimizer", "rng")
-    if state.get("format") != STATE_FORMAT or state.get("version") != STATE_VERSION or any(k not in state for k in required):
-        raise ValueError(f"{path!r} is not a kerastorch training state (version {STATE_VERSION}). Delete it to start "
-                         "fresh, or pass resume=False.")
+    if (
+        state.get("format") != STATE_FORMAT
+        or state.get("version") != STATE_VERSION
+        or any(k not in state for k in required)
+    ):
+        raise ValueError(
+            f"{path!r} is not a kerastorch training state (version {STATE_VERSION}). Delete it to start "
+            "fresh, or pass resume=False."
+        )
     saved, current = state["net"], unwrap(model.net).state_dict()
     problems = [f"{k} is missing from the saved state" for k in current if k not in saved]
     problems += [f"{k} is in the saved state but not in this net" for k in saved if k not in current]
-    problems += [f"{k} has shape {tuple(saved[k].shape)} there and {tuple(current[k].shape)} here"
-                 for k in current if k in saved and tuple(saved[k].shape) != tuple(current[k].shape)]
+    problems += [
+        f"{k} has shape {tuple(saved[k].shape)} there and {tuple(current[k].shape)} here"
+        for k in current
+        if k in saved and tuple(saved[k].shape) != tuple(current[k].shape)
+    ]
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        raise ValueError(f"The training state in {path!r} was saved from a different net: {'; '.join(problems[:3])}{more}. "
-                         + fresh)
+        raise ValueError(
+            f"The training state in {path!r} was saved from a different net: {'; '.join(problems[:3])}{more}. " + fresh
+        )
     optimizer = model.optimizer
     if state["optimizer_type"] != type(optimizer).__name__:
-        raise ValueError(f"The training state in {path!r} was saved with a {state['optimizer_type']} optimizer, but "
-                         f"this model has a {type(optimizer).__name__}. " + fresh)
-    saved_shapes, current_shapes = [[list(s) for s in g] for g in state["optimizer_param_shapes"]], _param_shapes(optimizer)
+        raise ValueError(
+            f"The training state in {path!r} was saved with a {state['optimizer_type']} optimizer, but "
+            f"this model has a {type(optimizer).__name__}. " + fresh
+        )
+    saved_shapes, current_shapes = (
+        [[list(s) for s in g] for g in state["optimizer_param_shapes"]],
+        _param_shapes(optimizer),
+    )
     if saved_shapes != current_shapes:
         raise ValueError(
             f"The training state in {path!r} was saved with an optimizer over other parameters: "
-            f"{_describe_groups(saved_shapes)} there, {_describe_groups(current_shapes)} here. " + fresh)
+            f"{_describe_groups(saved_shapes)} there, {_describe_groups(current_shapes)} here. " + fresh
+        )
     scheduler_type = type(model.lr_scheduler).__name__ if model.lr_scheduler is not None else None
     if state.get("lr_scheduler_type") != scheduler_type:
-        raise ValueError(f"The training state in {path!r} was saved with lr_scheduler={state.get('lr_scheduler_type')}, "
-                         f"but this model has lr_scheduler={scheduler_type}. " + fresh)
+        raise ValueError(
+            f"The training state in {path!r} was saved with lr_scheduler={state.get('lr_scheduler_type')}, "
+            f"but this model has lr_scheduler={scheduler_type}. " + fresh
+        )
     history = state.get("history")
     if not isinstance(history, list) or len(history) < 1 or history[-1].get("epoch") != state.get("epoch"):
-        raise ValueError(f"The training state in {path!r} is inconsistent (its history does not end at its epoch). "
-                         "Delete it to start fresh, or pass resume=False.")
+        raise ValueError(
+            f"The training state in {path!r} is inconsistent (its history does not end at its epoch). "
+            "Delete it to start fresh, or pass resume=False."
+        )
 
 
 def monitored_values(callbacks: Iterable[Any]) -> dict[str, list]:
     """What each monitoring callback (early stopping, best weights) watches: ``{key: [monitor, mode]}``."""
-    return {key: [cb.monitor, cb.mode] for key, cb in keyed_callbacks(callbacks).items() if isinstance(cb, MonitorCallback)}
+    return {
+        key: [cb.monitor, cb.mode] for key, cb in keyed_callbacks(callbacks).items() if isinstance(cb, MonitorCallback)
+    }
 
 
 def check_same_monitors(state: dict, callbacks: Iterable[Any], path: str) -> None:
@@ -210,7 +240,8 @@ def check_same_monitors(state: dict, callbacks: Iterable[Any], path: str) -> Non
                 f"The training state in {path!r} was saved with {key} watching monitor={was_monitor!r}, "
                 f"mode={was_mode!r}; this run asks for monitor={monitor!r}, mode={mode!r}, so its best score would "
                 f"be compared with another value. Resume with monitor={was_monitor!r}, mode={was_mode!r}, or delete "
-                f"{path!r} (or pass resume=False) to start fresh.")
+                f"{path!r} (or pass resume=False) to start fresh."
+            )
 
 
 def resumed_history(callbacks: Iterable[Any]) -> list[dict]:

@@ -15,8 +15,10 @@ def import_wandb() -> Any:
     try:
         import wandb
     except ImportError:
-        raise ImportError("WandbLogger (fit(wandb=True)) needs the wandb package: pip install 'kerastorch[wandb]' "
-                          "(or pip install wandb).") from None
+        raise ImportError(
+            "WandbLogger (fit(wandb=True)) needs the wandb package: pip install 'kerastorch[wandb]' "
+            "(or pip install wandb)."
+        ) from None
     return wandb
 
 
@@ -43,8 +45,14 @@ class WandbLogger(Callback):
 
     order = ORDER_DISPLAY
 
-    def __init__(self, project: Optional[str] = None, name: Optional[str] = None, config: Optional[dict] = None,
-                 log_weights: bool = False, **init_kwargs: Any):
+    def __init__(
+        self,
+        project: Optional[str] = None,
+        name: Optional[str] = None,
+        config: Optional[dict] = None,
+        log_weights: bool = False,
+        **init_kwargs: Any,
+    ):
         self.wandb = import_wandb()
         self.project = project
         self.name = name
@@ -104,9 +112,14 @@ class WandbLogger(Callback):
 
     def _run_description(self) -> dict:
         optimizer = self.model.optimizer
-        return {"epochs": self.params.get("epochs"), "monitor": self.params.get("monitor"),
-                "mode": self.params.get("mode"), "optimizer": type(optimizer).__name__,
-                "lr": optimizer.param_groups[0]["lr"], "net": type(self.model.net).__name__}
+        return {
+            "epochs": self.params.get("epochs"),
+            "monitor": self.params.get("monitor"),
+            "mode": self.params.get("mode"),
+            "optimizer": type(optimizer).__name__,
+            "lr": optimizer.param_groups[0]["lr"],
+            "net": type(self.model.net).__name__,
+        }
 
 
 __all__ = ["WandbLogger", "import_wandb"]
