@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple, Optional
 
 import torch
 from accelerate.utils import concatenate, recursively_apply
 
 LABEL_KEYS = ("labels", "label", "y")
+SAMPLE_WEIGHT_KEY = "sample_weight"  # per-sample weights in a dict batch
 
 EXPECTED_BATCHES = (
     "a tuple (x, y), a tuple (x1, ..., xn, y) for a net with n inputs, "
@@ -50,10 +51,11 @@ def split_inputs(batch: Any) -> tuple[tuple, dict]:
 
     A bare tensor, a 1-tuple or a dict without a label key is all inputs. A tuple of
     two or more is read as fit reads it, the last item being the labels; a net with
-    several inputs and no labels should get a dict.
+    several inputs and no labels should get a dict. Sample weights are dropped too.
     """
     if isinstance(batch, torch.Tensor):
         return (batch,), {}
+    batch, _ = split_sample_weight(batch)
     if isinstance(batch, dict):
         return (), {k: v for k, v in batch.items() if k not in LABEL_KEYS}
     if isinstance(batch, (list, tuple)):
@@ -115,3 +117,22 @@ def to_host(outputs: Any) -> Any:
 def concatenate_batches(outputs: list) -> Any:
     """One structure of the batches' outputs, concatenated along the first dimension."""
     return concatenate(outputs)
+
+
+class WeightedSample(NamedTuple):
+    """A batch (or sample) with per-sample weights: what kerastorch's own loaders yield when
+    ``fit`` is given ``sample_weight`` or ``class_weight``. The default collate keeps the
+    type, so a batch of these is one of these with batched fields."""
+
+    sample: Any
+    weight: torch.Tensor
+
+
+def split_sample_weight(batch: Any) -> tuple[Any, Optional[torch.Tensor]]:
+    """``(batch without weights, weights or None)``: a :class:`WeightedSample`, or a dict with a
+    ``sample_weight`` key (the dict-batch way of giving weights)."""
+    if isinstance(batch, WeightedSample):
+        return batch.sample, batch.weight
+    if isinstance(batch, dict) and SAMPLE_WEIGHT_KEY in batch:
+        return {k: v for k, v in batch.items() if k != SAMPLE_WEIGHT_KEY}, batch[SAMPLE_WEIGHT_KEY]
+    return batch, None

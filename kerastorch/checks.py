@@ -41,6 +41,12 @@ def check_fit(model: Any, train_data: Any, val_data: Any, settings: FitSettings)
     if step.clip_algorithm not in ("norm", "value"):
         raise ValueError(f"gradient_clip_algorithm={step.clip_algorithm!r}; use 'norm' or 'value'.")
     check_mode(watch.mode)
+    data = settings.data
+    if data.steps_per_epoch is not None:
+        _check_whole_number("steps_per_epoch", data.steps_per_epoch, minimum=1, hint="or None for whole passes")
+    _check_whole_number("validation_freq", data.validation_freq, minimum=1)
+    if not isinstance(data.shuffle, bool):
+        raise TypeError(f"shuffle={data.shuffle!r} must be True or False.")
     check_loader(train_data, "train_data")
     if val_data is not None:
         check_loader(val_data, "val_data")
@@ -159,7 +165,6 @@ def check_monitor(monitor: str, metrics_dict: dict, has_val: bool) -> None:
 
 
 def check_loader(data: Any, name: str) -> None:
-    _check_not_raw_arrays(data, name)
     if data is None or isinstance(data, (torch.Tensor, str, bytes, dict)) or not hasattr(data, "__iter__"):
         raise TypeError(
             f"{name} is a {type(data).__name__}, but it must be an iterable of batches, such as "
@@ -168,32 +173,6 @@ def check_loader(data: Any, name: str) -> None:
     length = num_batches(data)
     if length == 0:
         raise ValueError(f"{name} is empty (0 batches). Check the dataset's size, batch_size and drop_last.")
-
-
-def _check_not_raw_arrays(data: Any, name: str) -> None:
-    """A Dataset, an array or a tuple (x, y) where a loader of batches belongs: say how to wrap them."""
-    loader = "DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)"
-    if isinstance(data, torch.utils.data.Dataset) and not hasattr(data, "__iter__"):
-        raise TypeError(
-            f"{name} is a {type(data).__name__}, a Dataset; fit needs batches. Wrap it: "
-            f"{name}=torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=True)."
-        )
-    kind = type(data).__module__.split(".")[0]
-    if kind in ("numpy", "pandas"):
-        raise TypeError(
-            f"{name} is a {kind} {type(data).__name__}; fit needs batches of tensors with labels. Make "
-            f"tensors (torch.as_tensor) and pass torch.utils.data.{loader}."
-        )
-    if (
-        isinstance(data, tuple)
-        and 2 <= len(data) <= 3
-        and all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in data)
-        and len({t.shape[0] for t in data}) == 1
-    ):
-        raise TypeError(
-            f"{name} is a tuple of {len(data)} tensors, like (x, y); fit needs a loader of batches. Pass "
-            f"torch.utils.data.{loader}."
-        )
 
 
 def check_writable(ckpt_path) -> None:

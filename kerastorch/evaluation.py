@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
+
+from tqdm.std import tqdm as text_tqdm
 
 from .callbacks.callback_list import CallbackList
 from .callbacks.progress import ProgressBar
 from .checks import check_loader
-from .data import num_batches
+from .data import eval_loader, num_batches
 from .loop import evaluate_epoch, predict_outputs
 from .meters import EpochMeters
 from .model_parallel import is_model_parallel, model_parallel_runtime
+from .notebook import output_style
 from .parts import check_loss_fn
 from .protocols import TrainableModel
 from .runtime import runtime_for_net
 
+PROGRESS_DELAY_S = 2.0  # predict shows a bar once it has taken this long
 
-def evaluate(model: TrainableModel, data: Any, quiet: bool = False) -> dict[str, float]:
+
+def evaluate(
+    model: TrainableModel, data: Any, y: Any = None, batch_size: Optional[int] = None, quiet: bool = False
+) -> dict[str, float]:
     """Loss and metrics over ``data`` (eval mode, no gradients): ``{"val_loss": ..., "val_<m>": ...}``."""
+    data = eval_loader(data, y, batch_size, needs_labels=True)
     check_loader(data, "data")
     check_loss_fn(model)  # type: ignore[arg-type]
     runtime = runtime_for_net(model.net)
@@ -31,10 +39,23 @@ def evaluate(model: TrainableModel, data: Any, quiet: bool = False) -> dict[str,
     return logs
 
 
-def predict(model: TrainableModel, data: Any) -> Any:
+def predict(model: TrainableModel, data: Any, batch_size: Optional[int] = None, verbose: int = 1) -> Any:
     """The net's outputs for ``data``, on the CPU, rows in data order (eval mode, no gradients)."""
+    data = eval_loader(data, None, batch_size, needs_labels=False)
     check_loader(data, "data")
-    return predict_outputs(model, data, runtime_for_net(model.net))
+    # A text bar only for a long prediction (tqdm's delay), gone when done; never in a log, where each
+    # redraw would be a line. Text, not a widget, so a short prediction leaves nothing in a notebook.
+    shown = bool(verbose) and model.is_main_process and output_style() != "lines"
+    batches = text_tqdm(
+        data,
+        total=num_batches(data),
+        desc="Predicting",
+        unit="batch",
+        delay=PROGRESS_DELAY_S,
+        leave=False,
+        disable=not shown,
+    )
+    return predict_outputs(model, batches, runtime_for_net(model.net))
 
 
 __all__ = ["evaluate", "predict"]

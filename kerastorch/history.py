@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Optional
 
 import pandas as pd
 
@@ -20,9 +20,16 @@ def history_columns(metric_names: Iterable[str], has_val_data: bool) -> list[str
     return names
 
 
-def history_frame(rows: list[dict]) -> pd.DataFrame:
-    """One row per epoch; a fresh frame, so later epochs never change one already returned."""
+def history_frame(rows: list[dict], columns: Optional[list[str]] = None) -> pd.DataFrame:
+    """One row per epoch; a fresh frame, so later epochs never change one already returned.
+
+    ``columns`` puts the run's own columns first, in their order, with NaN where a row has no
+    value (the ``val_*`` cells of an epoch that was not validated); anything callbacks
+    added to the logs follows.
+    """
     frame = pd.DataFrame(rows)
+    if columns is not None and rows:
+        frame = frame.reindex(columns=[*columns, *(c for c in frame.columns if c not in columns)])
     if "epoch" in frame:
         frame["epoch"] = frame["epoch"].astype(int)
     return frame

@@ -32,15 +32,19 @@ def fit_loop(
     epochs: int,
     history: list[dict],
     first_epoch: int = 1,
+    validation_freq: int = 1,
 ) -> None:
-    """Run epochs ``first_epoch..epochs``, appending one row per epoch to ``history``."""
+    """Run epochs ``first_epoch..epochs``, appending one row per epoch to ``history``.
+
+    Validation runs every ``validation_freq`` epochs (Keras's rule: epochs n, 2n, ...); the
+    logs of the other epochs have no ``val_*`` values, so the callbacks that watch one skip them.
+    """
     for epoch in range(first_epoch, epochs + 1):
         callbacks.call("on_epoch_begin", epoch, {})
         lr = current_lr(model.optimizer)
         train_logs = train_epoch(model, train_loader, runtime, meters["train"], callbacks, steps)
-        val_logs = (
-            evaluate_epoch(model, val_loader, runtime, meters["val"], callbacks) if val_loader is not None else {}
-        )
+        validate = val_loader is not None and epoch % validation_freq == 0
+        val_logs = evaluate_epoch(model, val_loader, runtime, meters["val"], callbacks) if validate else {}
         logs = {"epoch": epoch, **train_logs, "lr": lr, **val_logs}
         history.append(logs)
         if model.lr_scheduler is not None and steps.settings.scheduler_interval == "epoch":
@@ -132,7 +136,8 @@ def predict_outputs(model: TrainableModel, loader: Any, runtime: Runtime) -> Any
 
 def step_epoch_scheduler(scheduler: Any, logs: dict, monitor: str) -> None:
     if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-        scheduler.step(logs[monitor])
+        if monitor in logs:  # not on an epoch that was not validated
+            scheduler.step(logs[monitor])
     else:
         scheduler.step()
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
 from typing import Any, Optional, Sequence, Union
 
 import pandas as pd
@@ -21,9 +20,10 @@ from tqdm.auto import tqdm
 
 from . import evaluation, run
 from .checkpoint import load_weights, save_weights, unwrap
+from .data import FitData, keras_positional
 from .parts import ModelParts
 from .runtime import Runtime
-from .settings import fit_settings
+from .settings import DataSettings, fit_settings
 from .step import StepRunner
 
 
@@ -75,8 +75,8 @@ class KerasModel(ModelParts):
 
     def fit(
         self,
-        train_data: Iterable,
-        val_data: Optional[Iterable] = None,
+        train_data: Any = None,
+        val_data: Any = None,
         epochs: int = 10,
         patience: Optional[int] = 5,
         monitor: Optional[str] = None,
@@ -98,6 +98,17 @@ class KerasModel(ModelParts):
         gradient_accumulation_steps: int = 1,
         gradient_clip_val: Optional[float] = None,
         gradient_clip_algorithm: str = "norm",
+        *,
+        x: Any = None,
+        y: Any = None,
+        validation_data: Any = None,
+        batch_size: Optional[int] = None,
+        shuffle: bool = True,
+        validation_split: float = 0.0,
+        class_weight: Union[dict, str, None] = None,
+        sample_weight: Any = None,
+        steps_per_epoch: Optional[int] = None,
+        validation_freq: int = 1,
     ) -> pd.DataFrame:
         """Train for ``epochs`` epochs and return the history, one row per epoch.
 
@@ -108,8 +119,11 @@ class KerasModel(ModelParts):
 
         Args:
             train_data: a DataLoader (or any re-iterable of batches) of ``(x, y)``,
-                ``(x1, ..., xn, y)`` or dicts with a ``labels`` key.
-            val_data: batches like ``train_data``, evaluated after every epoch; or None.
+                ``(x1, ..., xn, y)`` or dicts with a ``labels`` key; or, the Keras way, a torch
+                Dataset, an array ``X`` (a tensor, NumPy array or pandas DataFrame) with ``y``, a
+                tuple ``(X, y)`` / ``(X1, ..., Xn, y)``, or a dict of arrays with a ``labels`` key.
+            val_data: data like ``train_data``, evaluated after every epoch; or None. After an
+                array ``X``, a bare array in this place is ``y`` (Keras's ``fit(X, y)``).
             epochs: how many epochs to train (a resumed run counts the ones already done).
             patience: stop after this many epochs without improvement of ``monitor``;
                 None never stops early.
@@ -139,12 +153,42 @@ class KerasModel(ModelParts):
                 update like one batch of 4b).
             gradient_clip_val: clip gradients to this norm (or value); None does not clip.
             gradient_clip_algorithm: ``"norm"`` or ``"value"``.
+            x: Keras's name for ``train_data``.
+            y: the labels beside an array ``X`` (one per sample).
+            validation_data: Keras's name for ``val_data``.
+            batch_size: samples per batch of the loaders kerastorch builds (default 32); not
+                for a DataLoader, which has its own.
+            shuffle: shuffle the training samples every epoch (loaders kerastorch builds).
+            validation_split: validate on the **last** fraction of the samples, taken before
+                shuffling, exactly as Keras does (arrays and Datasets with a length).
+            class_weight: ``{class: weight}`` or ``"balanced"``: each sample's loss is weighted
+                by its class's weight (any data form, DataLoaders too).
+            sample_weight: one weight per sample, beside an array ``X`` (in your own dict
+                batches: a ``sample_weight`` key). The weighted loss of a batch of n is
+                ``(1/n) * sum(w_i * loss_i)`` (see :mod:`kerastorch.weights`); metrics are unweighted.
+            steps_per_epoch: an epoch is this many batches; the next epoch continues the same
+                iterator (for endless streams, or shorter epochs).
+            validation_freq: validate every n epochs; the other rows' ``val_*`` cells are NaN,
+                and early stopping, the best weights and ReduceLROnPlateau look at validated
+                epochs only.
 
         Returns:
             The history, a pandas DataFrame (also kept as ``model.history``).
         """
+        if x is not None:
+            if train_data is not None:
+                raise ValueError("Both train_data and x were given; they are the same argument: pass one.")
+            train_data = x
+        y, val_data = keras_positional(train_data, val_data, y)
+        if validation_data is not None:
+            if val_data is not None:
+                raise ValueError("Both val_data and validation_data were given; they are the same argument: pass one.")
+            val_data = validation_data
+        data_settings = DataSettings(
+            batch_size, shuffle, validation_split, class_weight, steps_per_epoch, validation_freq
+        )
         settings = fit_settings(
-            has_val_data=val_data is not None,
+            has_val_data=val_data is not None or bool(validation_split),
             scheduler_interval=self.lr_scheduler_interval,
             epochs=epochs,
             patience=patience,
@@ -167,8 +211,9 @@ class KerasModel(ModelParts):
             gradient_accumulation_steps=gradient_accumulation_steps,
             gradient_clip_val=gradient_clip_val,
             gradient_clip_algorithm=gradient_clip_algorithm,
+            data=data_settings,
         )
-        self.history = run.fit(self, train_data, val_data, settings)
+        self.history = run.fit(self, FitData(train_data, val_data, y, sample_weight), settings)
         return self.history
 
     # -- the training step: override train_step for a custom update ---------------------
@@ -218,28 +263,34 @@ class KerasModel(ModelParts):
 
     # -- using a trained model ---------------------------------------------------------
 
-    def evaluate(self, data: Iterable, quiet: bool = False) -> dict[str, float]:
+    def evaluate(
+        self, data: Any, y: Any = None, batch_size: Optional[int] = None, quiet: bool = False
+    ) -> dict[str, float]:
         """Loss and metrics over ``data``, in eval mode, without gradients.
 
         Args:
-            data: batches like fit's ``val_data``.
+            data: batches like fit's ``val_data``: a loader, a Dataset, ``(X, y)``, or an array ``X`` with ``y``.
+            y: the labels beside an array ``X``.
+            batch_size: samples per batch when kerastorch builds the loader (default 32).
             quiet: print nothing (by default a progress bar and the values are shown).
 
         Returns:
             ``{"val_loss": ..., "val_<metric>": ...}``, exact over the samples.
         """
-        return evaluation.evaluate(self, data, quiet)
+        return evaluation.evaluate(self, data, y, batch_size, quiet)
 
-    def predict(self, data: Iterable) -> Any:
+    def predict(self, data: Any, batch_size: Optional[int] = None, verbose: int = 1) -> Any:
         """The net's outputs for ``data``, in eval mode, without gradients.
 
         Args:
-            data: fit's loaders (labels are ignored) or loaders of inputs only.
+            data: fit's data forms (labels are ignored), loaders of inputs only, or an array ``X``.
+            batch_size: samples per batch when kerastorch builds the loader (default 32).
+            verbose: 1 shows a progress bar when predicting takes more than a few seconds; 0 never.
 
         Returns:
-            The outputs on the CPU, rows in data order (a tensor, or the net's structure of tensors).
+            The outputs on the CPU, rows in input order (a tensor, or the net's structure of tensors).
         """
-        return evaluation.predict(self, data)
+        return evaluation.predict(self, data, batch_size, verbose)
 
     # -- weights ---------------------------------------------------------------------------
 

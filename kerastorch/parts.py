@@ -8,9 +8,10 @@ from typing import Any, Optional
 
 import torch
 
-from .batches import split_batch, split_inputs
+from .batches import split_batch, split_inputs, split_sample_weight
 from .meters import check_metrics
 from .model_parallel import labels_to_outputs
+from .weights import weighted_loss
 
 
 class ModelParts:
@@ -50,11 +51,16 @@ class ModelParts:
 
         The default reads ``(x, y)``, ``(x1, ..., xn, y)`` or a dict with a ``labels``
         key, calls the net and ``loss_fn``. Override it for anything else; training,
-        evaluation, the meters and the callbacks all go through it.
+        evaluation, the meters and the callbacks all go through it. A batch with sample
+        weights (a ``sample_weight`` key in a dict, or what ``fit(sample_weight=...,
+        class_weight=...)`` makes) gets the weighted loss of :mod:`kerastorch.weights`.
         """
+        batch, sample_weight = split_sample_weight(batch)
         args, kwargs, labels = split_batch(batch)
         preds = self.net(*args, **kwargs)
         labels = labels_to_outputs(labels, preds)  # a model-parallel net's output may be on another device
+        if sample_weight is not None:
+            return weighted_loss(self.loss_fn, preds, labels, sample_weight), preds, labels
         return self.loss_fn(preds, labels), preds, labels  # type: ignore[misc]
 
     def predict_batch(self, batch: Any) -> Any:

@@ -18,6 +18,7 @@ import functools
 from typing import Any, Optional
 
 import pandas as pd
+import torch
 
 from .callbacks.best_weights import RestoreBestWeights
 from .callbacks.callback_list import CallbackList
@@ -29,33 +30,60 @@ from .callbacks.training_state import TrainingState, resumed_history, training_s
 from .callbacks.wandb_logger import WandbLogger
 from .checkpoint import cpu_state_dict, unwrap
 from .checks import check_first_batch, check_fit
-from .data import num_batches
+from .data import FitData, num_batches, per_process_training_data, prepare_data, training_labels
 from .distributed import process_share
 from .history import history_columns, history_frame
 from .launch import run_in_workers
 from .loop import fit_loop
 from .meters import EpochMeters
 from .model_parallel import is_model_parallel, model_parallel_runtime
+from .parts import ModelParts
 from .placement import place_parts
 from .plan import Plan, make_plan
 from .protocols import TrainableModel
 from .runtime import Runtime, build_runtime
 from .settings import FitSettings
 from .step import StepRunner
+from .weights import check_weighted_loss, class_weight_table
 
 
-def fit(model: TrainableModel, train_data: Any, val_data: Optional[Any], settings: FitSettings) -> pd.DataFrame:
+def fit(model: TrainableModel, data: FitData, settings: FitSettings) -> pd.DataFrame:
     """Train ``model`` as ``settings`` say, wherever the plan says; return the history."""
-    check_fit(model, train_data, val_data, settings)
     plan = make_plan(settings.devices, model.net)
+    train_data, val_data = prepare_data(
+        data, settings.data, keep_float64=plan.precision == "64-true", pin_memory=plan.device_type == "cuda"
+    )
+    check_fit(model, train_data, val_data, settings)
+    class_weights = class_weights_for(model, train_data, data, settings)
     if plan.where == "workers":
-        work = functools.partial(_fit_as_worker, model, train_data, val_data, settings, plan.for_worker())
+        work = functools.partial(
+            _fit_as_worker, model, train_data, val_data, settings, plan.for_worker(), class_weights
+        )
         return take_results(model, run_in_workers(plan, model.net, work))
-    return fit_here(model, train_data, val_data, settings, plan)
+    return fit_here(model, train_data, val_data, settings, plan, class_weights)
+
+
+def class_weights_for(model: TrainableModel, train_data: Any, data: FitData, settings: FitSettings) -> Any:
+    """The class-weight table (or None), and a loss that can weight samples when weights are asked for."""
+    asked = [
+        word
+        for word, value in (("class_weight=", settings.data.class_weight), ("sample_weight=", data.sample_weight))
+        if value is not None
+    ]
+    if asked and type(model).forward_batch is ModelParts.forward_batch:
+        check_weighted_loss(model.loss_fn, " and ".join(asked))
+    if settings.data.class_weight is None:
+        return None
+    return class_weight_table(settings.data.class_weight, training_labels(train_data))
 
 
 def fit_here(
-    model: TrainableModel, train_data: Any, val_data: Optional[Any], settings: FitSettings, plan: Plan
+    model: TrainableModel,
+    train_data: Any,
+    val_data: Optional[Any],
+    settings: FitSettings,
+    plan: Plan,
+    class_weights: Optional[torch.Tensor] = None,
 ) -> pd.DataFrame:
     """The run in this process: alone (``plan.where == "here"``) or as one rank of a job."""
     runtime = build_runtime(plan)
@@ -66,6 +94,7 @@ def fit_here(
         place_parts(model, runtime)
         check_first_batch(model, train_data, runtime, "train_data")
         with process_share(model, runtime, train_data, val_data) as (train_loader, val_loader):
+            train_loader = per_process_training_data(train_loader, settings.data, class_weights)
             if not runtime.is_main_process:  # one process prints, draws and logs
                 settings = dataclasses.replace(settings, output=settings.output.silenced())
             callbacks = callbacks_for_fit(model, settings, train_loader, val_loader)
@@ -76,9 +105,7 @@ def fit_here(
             steps = StepRunner(model, runtime, settings.step, callbacks)
             if settings.output.verbose:
                 model.print(runtime.describe())
-            return train_with_callbacks(
-                model, train_loader, val_loader, runtime, callbacks, meters, steps, settings.epochs
-            )
+            return train_with_callbacks(model, train_loader, val_loader, runtime, callbacks, meters, steps, settings)
     finally:
         runtime.teardown()
 
@@ -91,7 +118,7 @@ def train_with_callbacks(
     callbacks: CallbackList,
     meters: dict[str, EpochMeters],
     steps: StepRunner,
-    epochs: int,
+    settings: FitSettings,
 ) -> pd.DataFrame:
     """The epochs between ``on_train_begin`` and ``on_train_end``; Ctrl-C returns the history so far."""
     rows: list[dict] = []
@@ -109,9 +136,10 @@ def train_with_callbacks(
                 callbacks,
                 meters,
                 steps,
-                epochs,
+                settings.epochs,
                 rows,
                 first_epoch=rows[-1]["epoch"] + 1 if rows else 1,
+                validation_freq=settings.data.validation_freq,
             )
     except KeyboardInterrupt:
         model.print(
@@ -120,7 +148,7 @@ def train_with_callbacks(
         )
     finally:
         model.step_runner = None
-        model.history = history_frame(rows)
+        model.history = history_frame(rows, ["epoch", *history_columns(model.metrics_dict, val_loader is not None)])
         callbacks.call("on_train_end", rows[-1] if rows else {})
     return model.history
 
@@ -166,9 +194,14 @@ def callbacks_for_fit(
 
 
 def _fit_as_worker(
-    model: TrainableModel, train_data: Any, val_data: Optional[Any], settings: FitSettings, plan: Plan
+    model: TrainableModel,
+    train_data: Any,
+    val_data: Optional[Any],
+    settings: FitSettings,
+    plan: Plan,
+    class_weights: Optional[torch.Tensor],
 ) -> dict:
-    history = fit_here(model, train_data, val_data, settings, plan)
+    history = fit_here(model, train_data, val_data, settings, plan, class_weights)
     return results_of(model, history)
 
 

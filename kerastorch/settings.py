@@ -61,6 +61,21 @@ class StepSettings:
     monitor: str = "val_loss"  # what a ReduceLROnPlateau scheduler is stepped with
 
 
+DEFAULT_BATCH_SIZE = 32  # Keras's, for the loaders kerastorch builds from arrays and Datasets
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSettings:
+    """How arrays and Datasets become batches, and how much of them an epoch is (Keras's words)."""
+
+    batch_size: Optional[int] = None  # None: 32 for the loaders kerastorch builds
+    shuffle: bool = True  # training data only
+    validation_split: float = 0.0  # the last fraction of the samples, before shuffling
+    class_weight: Any = None  # {class: weight} or "balanced"
+    steps_per_epoch: Optional[int] = None  # None: one pass over the training data
+    validation_freq: int = 1  # validate every n epochs
+
+
 @dataclasses.dataclass(frozen=True)
 class FitSettings:
     """Everything one ``fit`` call asked for, besides the model and the data."""
@@ -71,6 +86,7 @@ class FitSettings:
     output: OutputSettings
     devices: DeviceSettings
     step: StepSettings
+    data: DataSettings = DataSettings()
 
 
 def fit_settings(
@@ -98,6 +114,7 @@ def fit_settings(
     gradient_accumulation_steps: Any,
     gradient_clip_val: Any,
     gradient_clip_algorithm: Any,
+    data: Optional[DataSettings] = None,
 ) -> FitSettings:
     """Group ``fit``'s keywords. Words are parsed here; numbers are checked by :mod:`kerastorch.checks`."""
     if quiet is not None:  # torchkeras's quiet=True is verbose=0
@@ -117,6 +134,7 @@ def fit_settings(
         step=StepSettings(
             gradient_accumulation_steps, gradient_clip_val, gradient_clip_algorithm, scheduler_interval, monitor
         ),
+        data=data or DataSettings(),
     )
 
 

@@ -113,29 +113,15 @@ CASES = [
     ),
     pytest.param(
         fit_with(train_data=X),
-        TypeError,
-        r"train_data is a Tensor, but it must be an iterable of batches",
-        id="a tensor as data",
-    ),
-    pytest.param(
-        fit_with(train_data=TensorDataset(X, Y)),
-        TypeError,
-        r"train_data is a TensorDataset, a Dataset; fit needs batches\. Wrap it: "
-        r"train_data=torch\.utils\.data\.DataLoader\(dataset, batch_size=32, shuffle=True\)",
-        id="a Dataset, not a DataLoader",
-    ),
-    pytest.param(
-        fit_with(train_data=(X, Y)),
-        TypeError,
-        r"train_data is a tuple of 2 tensors, like \(x, y\); fit needs a loader of batches\. Pass "
-        r"torch\.utils\.data\.DataLoader\(TensorDataset\(x, y\)",
-        id="a tuple (x, y)",
+        ValueError,
+        r"train_data is a single array: its labels are missing\. Pass fit\(X, y\), or a tuple \(X, y\)",
+        id="a tensor without labels",
     ),
     pytest.param(
         fit_with(train_data=X.numpy()),
-        TypeError,
-        r"train_data is a numpy ndarray; fit needs batches of tensors with labels",
-        id="a numpy array",
+        ValueError,
+        r"train_data is a single array: its labels are missing",
+        id="a numpy array without labels",
     ),
     pytest.param(
         fit_with(train_data=DataLoader(TensorDataset(X), batch_size=8)),

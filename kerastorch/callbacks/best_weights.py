@@ -38,7 +38,7 @@ class RestoreBestWeights(MonitorCallback):
 
     def on_epoch_end(self, epoch, logs=None):
         # An epoch with a NaN or infinite loss is never the best, whatever the monitored metric says.
-        if not losses_are_finite(logs) or not self.update_best(epoch, logs):
+        if not self.watches(logs) or not losses_are_finite(logs) or not self.update_best(epoch, logs):
             return
         self.best_weights = cpu_state_dict(self.model.net)
         if self.ckpt_path and self.model.is_main_process:

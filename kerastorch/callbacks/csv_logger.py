@@ -54,7 +54,8 @@ class CSVLogger(Callback):
         if not self.model.is_main_process:
             return
         if self._writer is None:
-            self._open(list(logs))
+            names = self.params.get("metrics")  # every column, also those an epoch may lack (not validated)
+            self._open(["epoch", *names] if names else list(logs))
         self._writer.writerow(logs)
         self._file.flush()  # readable during the run
 

@@ -41,6 +41,8 @@ class EarlyStopping(MonitorCallback):
         self.stopped_epoch = None
 
     def on_epoch_end(self, epoch, logs=None):
+        if not self.watches(logs):  # not validated this epoch: it does not count towards patience
+            return
         if self.update_best(epoch, logs):
             self.wait = 0
             return

@@ -80,7 +80,7 @@ class ModelCheckpoint(MonitorCallback):
     def on_epoch_end(self, epoch, logs=None):
         if epoch % self.every_n_epochs != 0:
             return
-        if self.save_best_only and not self.update_best(epoch, logs):
+        if self.save_best_only and (not self.watches(logs) or not self.update_best(epoch, logs)):
             return
         if not self.model.is_main_process:
             return

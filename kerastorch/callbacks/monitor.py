@@ -52,6 +52,12 @@ class MonitorCallback(Callback):
                 f"available: {', '.join(names)}."
             )
 
+    def watches(self, logs: dict) -> bool:
+        """False on an epoch whose logs lack the monitored value because the run did not compute it
+        (``val_*`` on an epoch that was not validated, ``validation_freq > 1``): skip that epoch."""
+        names = self.params.get("metrics")
+        return self.monitor in logs or names is None or self.monitor not in names
+
     def current_value(self, logs: dict) -> float:
         if self.monitor not in logs:
             available = ", ".join(k for k in logs if k != "epoch")
