@@ -18,13 +18,14 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import evaluation, run
+from . import evaluation, run, tuning
 from .checkpoint import load_weights, save_weights, unwrap
 from .data import FitData, keras_positional
 from .parts import ModelParts
 from .runtime import Runtime
-from .settings import DataSettings, fit_settings
+from .settings import DataSettings, fit_settings, fit_settings_devices
 from .step import StepRunner
+from .tuning import LRFinderResult
 
 
 class KerasModel(ModelParts):
@@ -216,6 +217,124 @@ class KerasModel(ModelParts):
         self.history = run.fit(self, FitData(train_data, val_data, y, sample_weight), settings)
         return self.history
 
+    # -- tuning ------------------------------------------------------------------------
+
+    def lr_find(
+        self,
+        train_data: Any = None,
+        y: Any = None,
+        *,
+        start_lr: float = 1e-7,
+        end_lr: float = 10.0,
+        num_steps: int = 100,
+        smoothing: float = 0.98,
+        diverge: float = 4.0,
+        x: Any = None,
+        batch_size: Optional[int] = None,
+        shuffle: bool = True,
+        validation_split: float = 0.0,
+        sample_weight: Any = None,
+        accelerator: str = "auto",
+        devices: Any = "auto",
+        precision: Any = "32-true",
+        mixed_precision: Optional[str] = None,
+        cpu: bool = False,
+    ) -> LRFinderResult:
+        """Find a learning rate, changing nothing (:mod:`kerastorch.tuning`).
+
+        Trains at most ``num_steps`` batches with the learning rate rising exponentially from
+        ``start_lr`` to ``end_lr``, stops when the smoothed loss passes ``diverge`` times its
+        best, and puts everything back: weights, buffers, optimizer state and learning rates,
+        scheduler and every RNG, so ``fit`` afterwards trains as if ``lr_find`` had not run.
+
+        Args:
+            train_data: fit's training data forms (a loader, a Dataset, ``(X, y)``, an array ``X``).
+            y: the labels beside an array ``X``.
+            start_lr: the first learning rate tried.
+            end_lr: the last learning rate tried.
+            num_steps: at most this many batches (the data is cycled if it has fewer).
+            smoothing: the loss's exponential smoothing factor (0 for none).
+            diverge: stop once the smoothed loss exceeds this factor times its best.
+            x: Keras's name for ``train_data``.
+            batch_size: as in ``fit``. shuffle: as in ``fit``.
+            validation_split: as in ``fit``: the validation rows are not used to find the rate.
+            sample_weight: as in ``fit``.
+            accelerator: as in ``fit``. devices: as in ``fit``; with several devices the finder
+                runs on the first of them in this process (one is enough to find a rate).
+            precision: as in ``fit``. mixed_precision: as in ``fit``. cpu: as in ``fit``.
+
+        Returns:
+            An :class:`~kerastorch.tuning.LRFinderResult`: ``.suggestion``, ``.history``
+            (``lr``, ``loss``), ``.plot()``; in Jupyter it shows as its plot.
+
+        Example::
+
+            result = model.lr_find(dl_train)
+            model.optimizer.param_groups[0]["lr"] = result.suggestion
+        """
+        if x is not None:
+            train_data = x
+        devices_settings = fit_settings_devices(accelerator, devices, precision, mixed_precision, cpu)
+        data_settings = DataSettings(batch_size=batch_size, shuffle=shuffle, validation_split=validation_split)
+        return tuning.lr_find(
+            self,
+            FitData(train_data, None, y, sample_weight),
+            devices_settings,
+            data_settings,
+            start_lr=start_lr,
+            end_lr=end_lr,
+            num_steps=num_steps,
+            smoothing=smoothing,
+            diverge=diverge,
+        )
+
+    def fit_one_cycle(
+        self,
+        train_data: Any = None,
+        val_data: Any = None,
+        epochs: int = 10,
+        max_lr: Optional[float] = None,
+        **fit_arguments: Any,
+    ) -> pd.DataFrame:
+        """``fit`` with a one-cycle learning rate (torch's ``OneCycleLR``, stepped every batch).
+
+        The rate rises from ``max_lr / 25`` to ``max_lr`` over the first 30 % of the steps and
+        falls to ``max_lr / 25e4`` by the last one; the history's ``lr`` column shows the cycle.
+        ``max_lr=None`` runs :meth:`lr_find` first and uses its suggestion (printed). Every
+        other argument is ``fit``'s. A model built with its own ``lr_scheduler`` is refused:
+        the cycle is the schedule.
+
+        Example::
+
+            history = model.fit_one_cycle(dl_train, dl_val, epochs=10)   # max_lr from lr_find
+        """
+        if self.lr_scheduler is not None:
+            raise ValueError(
+                f"fit_one_cycle sets a one-cycle schedule, but this KerasModel already has lr_scheduler="
+                f"{type(self.lr_scheduler).__name__}; two schedules would fight over the learning rate. Build the "
+                "KerasModel without lr_scheduler=, or call fit instead."
+            )
+        y = fit_arguments.get("y")
+        y, val_data = keras_positional(train_data, val_data, y)
+        if y is not None:
+            fit_arguments["y"] = y
+        if max_lr is None:
+            finder_arguments = {k: v for k, v in fit_arguments.items() if k in _FINDER_ARGUMENTS}
+            max_lr = self.lr_find(train_data, **finder_arguments).suggestion
+            if fit_arguments.get("verbose", 1) and not fit_arguments.get("quiet"):
+                self.print(f"fit_one_cycle: max_lr={max_lr:.3g}, the learning-rate finder's suggestion.")
+        if not isinstance(max_lr, (int, float)) or isinstance(max_lr, bool) or max_lr <= 0:
+            raise ValueError(f"max_lr={max_lr!r}; use a positive learning rate, or None to let lr_find choose.")
+        updates = tuning.one_cycle_steps(
+            self, FitData(train_data, val_data, y, fit_arguments.get("sample_weight")), fit_arguments
+        )
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(self.optimizer, max_lr=max_lr, total_steps=epochs * updates)
+        self.lr_scheduler, self.lr_scheduler_interval = scheduler, "step"
+        try:
+            return self.fit(train_data, val_data, epochs=epochs, **fit_arguments)
+        finally:
+            self.lr_scheduler, self.lr_scheduler_interval = None, "epoch"
+
     # -- the training step: override train_step for a custom update ---------------------
 
     def train_step(self, batch: Any) -> tuple[torch.Tensor, Any, Any]:
@@ -323,5 +442,20 @@ class KerasModel(ModelParts):
         if self.is_main_process:
             tqdm.write(" ".join(str(a) for a in args))
 
+
+# fit's arguments that the learning-rate finder of fit_one_cycle takes too.
+_FINDER_ARGUMENTS = (
+    "y",
+    "x",
+    "batch_size",
+    "shuffle",
+    "validation_split",
+    "sample_weight",
+    "accelerator",
+    "devices",
+    "precision",
+    "mixed_precision",
+    "cpu",
+)
 
 __all__ = ["KerasModel"]

@@ -185,6 +185,7 @@ def callbacks_for_fit(
         "monitor": watch.monitor,
         "mode": watch.mode,
         "metrics": history_columns(model.metrics_dict, val_loader is not None),
+        "train_data": train_loader,
         "ckpt_path": watch.ckpt_path,
     }
     return CallbackList(chosen, model, params)

@@ -138,4 +138,16 @@ def fit_settings(
     )
 
 
+def fit_settings_devices(
+    accelerator: Any, devices: Any, precision: Any, mixed_precision: Optional[str], cpu: bool, strategy: Any = "auto"
+) -> DeviceSettings:
+    """The devices group alone (for ``lr_find``), parsed as :func:`fit_settings` parses it."""
+    return DeviceSettings(
+        parse_accelerator_word(accelerator, cpu),
+        devices,
+        parse_precision(precision, mixed_precision),
+        parse_strategy(strategy),
+    )
+
+
 __all__ = ["DeviceSettings", "FitSettings", "MonitorSettings", "OutputSettings", "StepSettings", "fit_settings"]

@@ -10,12 +10,14 @@ from .best_weights import RestoreBestWeights
 from .callback_list import CallbackList
 from .csv_logger import CSVLogger
 from .early_stopping import EarlyStopping
+from .ema import EMA
 from .lambda_callback import LambdaCallback
 from .live_plot import LivePlot
 from .lr_scheduler import LearningRateScheduler
 from .model_checkpoint import ModelCheckpoint
 from .monitor import MonitorCallback
 from .progress import ProgressBar
+from .swa import SWA
 from .tensorboard import TensorBoard
 from .terminate_on_nan import TerminateOnNaN
 from .training_state import TrainingState
@@ -25,6 +27,7 @@ __all__ = [
     "CSVLogger",
     "Callback",
     "CallbackList",
+    "EMA",
     "EarlyStopping",
     "LambdaCallback",
     "LearningRateScheduler",
@@ -33,6 +36,7 @@ __all__ = [
     "MonitorCallback",
     "ProgressBar",
     "RestoreBestWeights",
+    "SWA",
     "TensorBoard",
     "TerminateOnNaN",
     "TorchkerasCallback",

@@ -10,8 +10,9 @@ class Callback:
 
     ``self.model`` is the :class:`~kerastorch.KerasModel` being trained and
     ``self.params`` holds ``epochs``, ``steps`` (training batches per epoch, or None),
-    ``verbose``, fit's ``monitor``, ``mode`` and ``ckpt_path``, and ``metrics`` (the
-    history's columns after ``epoch``, known before the first batch). ``epoch`` is
+    ``verbose``, fit's ``monitor``, ``mode`` and ``ckpt_path``, ``metrics`` (the
+    history's columns after ``epoch``, known before the first batch) and ``train_data``
+    (this process's training batches, for a callback that needs a pass over them). ``epoch`` is
     1-based, like the history's ``epoch`` column. Set ``self.model.stop_training = True``
     to stop after the current epoch (from a training batch hook: after that batch).
 
@@ -86,6 +87,7 @@ PER_STEP_HOOKS = (
 
 # Where fit's own callbacks stand among the user's (order 0).
 ORDER_WATCH_NAN = -30
+ORDER_AVERAGED_WEIGHTS = -25  # EMA / SWA swap their weights in before the best weights are taken
 ORDER_BEST_WEIGHTS = -20
 ORDER_EARLY_STOPPING = -10
 ORDER_DISPLAY = -5  # the live plot and experiment loggers fit adds from plot= and wandb=
