@@ -11,17 +11,25 @@ import importlib.util as _importlib_util
 from . import callbacks
 from .callbacks import Callback, LivePlot
 from .cuda_devices import find_usable_cuda_devices
+from .doctor import Diagnosis, DoctorError, Finding
+from .interpret import Interpretation
 from .model import KerasModel
 from .options import parse_devices
 from .plots import plot_history
 from .seed import seed_everything, seed_worker
 from .summary import summary
+from .tuning import LRFinderResult
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Callback",
+    "Diagnosis",
+    "DoctorError",
+    "Finding",
+    "Interpretation",
     "KerasModel",
+    "LRFinderResult",
     "LivePlot",
     "callbacks",
     "find_usable_cuda_devices",

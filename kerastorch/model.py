@@ -10,6 +10,7 @@ predict, :mod:`~kerastorch.callbacks` every optional behaviour and
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from typing import Any, Optional, Sequence, Union
 
@@ -18,9 +19,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from . import doctor as doctor_module
 from . import evaluation, run, tuning
+from . import interpret as interpret_module
 from .checkpoint import load_weights, save_weights, unwrap
 from .data import FitData, keras_positional
+from .doctor import Diagnosis
+from .interpret import Interpretation
 from .parts import ModelParts
 from .runtime import Runtime
 from .settings import DataSettings, fit_settings, fit_settings_devices
@@ -110,6 +115,7 @@ class KerasModel(ModelParts):
         sample_weight: Any = None,
         steps_per_epoch: Optional[int] = None,
         validation_freq: int = 1,
+        doctor: bool = False,
     ) -> pd.DataFrame:
         """Train for ``epochs`` epochs and return the history, one row per epoch.
 
@@ -172,6 +178,8 @@ class KerasModel(ModelParts):
             validation_freq: validate every n epochs; the other rows' ``val_*`` cells are NaN,
                 and early stopping, the best weights and ReduceLROnPlateau look at validated
                 epochs only.
+            doctor: run :meth:`doctor` first; print its report, and on an error stop before
+                training (:class:`~kerastorch.doctor.DoctorError`).
 
         Returns:
             The history, a pandas DataFrame (also kept as ``model.history``).
@@ -214,6 +222,7 @@ class KerasModel(ModelParts):
             gradient_clip_algorithm=gradient_clip_algorithm,
             data=data_settings,
         )
+        settings = dataclasses.replace(settings, doctor=doctor)
         self.history = run.fit(self, FitData(train_data, val_data, y, sample_weight), settings)
         return self.history
 
@@ -410,6 +419,49 @@ class KerasModel(ModelParts):
             The outputs on the CPU, rows in input order (a tensor, or the net's structure of tensors).
         """
         return evaluation.predict(self, data, batch_size, verbose)
+
+    # -- diagnosis and interpretation ----------------------------------------------------
+
+    def doctor(
+        self,
+        train_data: Any = None,
+        val_data: Any = None,
+        *,
+        y: Any = None,
+        batch_size: Optional[int] = None,
+        num_batches: int = 4,
+        overfit_steps: int = 60,
+    ) -> Diagnosis:
+        """Look for beginners' mistakes in a few seconds, changing nothing (:mod:`kerastorch.doctor`).
+
+        Args:
+            train_data: fit's training data forms. val_data: fit's validation data forms (or None).
+            y: the labels beside an array ``X``. batch_size: as in ``fit``.
+            num_batches: how many batches of each set the checks look at.
+            overfit_steps: how many steps the one-batch overfitting check trains.
+
+        Returns:
+            A :class:`~kerastorch.doctor.Diagnosis`: ``.findings``, ``.errors``; printing it is a
+            short report (in Jupyter a table).
+        """
+        y, val_data = keras_positional(train_data, val_data, y)
+        return doctor_module.doctor(
+            self,
+            FitData(train_data, val_data, y),
+            DataSettings(batch_size=batch_size),
+            num_batches=num_batches,
+            overfit_steps=overfit_steps,
+        )
+
+    def interpret(self, data: Any, y: Any = None, batch_size: Optional[int] = None) -> Interpretation:
+        """Explain a trained classifier on ``data`` (:mod:`kerastorch.interpret`): the confusion matrix,
+        per-class scores and the samples with the highest losses.
+
+        Args:
+            data: fit's data forms, with labels. y: the labels beside an array ``X``.
+            batch_size: as in ``fit``.
+        """
+        return interpret_module.interpret(self, data, y, batch_size)
 
     # -- weights ---------------------------------------------------------------------------
 

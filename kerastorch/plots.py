@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import io
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import pandas as pd
 
@@ -37,6 +37,11 @@ def _figure_class():
             return self.to_png()
 
     return HistoryFigure
+
+
+def new_figure(**kwargs: Any) -> Figure:
+    """A matplotlib ``Figure`` (no pyplot) that Jupyter shows as an image when it ends a cell."""
+    return _figure_class()(**kwargs)
 
 
 def history_quantities(columns: Sequence[str]) -> list[str]:

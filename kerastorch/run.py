@@ -32,6 +32,7 @@ from .checkpoint import cpu_state_dict, unwrap
 from .checks import check_first_batch, check_fit
 from .data import FitData, num_batches, per_process_training_data, prepare_data, training_labels
 from .distributed import process_share
+from .doctor import check_before_fit
 from .history import history_columns, history_frame
 from .launch import run_in_workers
 from .loop import fit_loop
@@ -54,6 +55,8 @@ def fit(model: TrainableModel, data: FitData, settings: FitSettings) -> pd.DataF
         data, settings.data, keep_float64=plan.precision == "64-true", pin_memory=plan.device_type == "cuda"
     )
     check_fit(model, train_data, val_data, settings)
+    if settings.doctor:
+        check_before_fit(model, train_data, val_data)
     class_weights = class_weights_for(model, train_data, data, settings)
     if plan.where == "workers":
         work = functools.partial(

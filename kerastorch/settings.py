@@ -87,6 +87,7 @@ class FitSettings:
     devices: DeviceSettings
     step: StepSettings
     data: DataSettings = DataSettings()
+    doctor: bool = False  # run model.doctor first and stop on an error
 
 
 def fit_settings(

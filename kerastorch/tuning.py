@@ -34,6 +34,7 @@ from .data import FitData, num_batches, prepare_data
 from .parts import check_loss_fn
 from .placement import place_parts
 from .plan import make_plan
+from .plots import new_figure
 from .protocols import TrainableModel
 from .runtime import build_runtime
 from .settings import DataSettings, DeviceSettings, StepSettings
@@ -51,9 +52,7 @@ class LRFinderResult:
 
     def plot(self) -> Any:
         """The smoothed loss against the learning rate (log scale), the suggestion marked; a matplotlib Figure."""
-        from matplotlib.figure import Figure
-
-        fig = Figure(figsize=(5.5, 3.4), layout="constrained")
+        fig = new_figure(figsize=(5.5, 3.4), layout="constrained")
         ax = fig.subplots()
         ax.plot(self.history["lr"], self.history["raw_loss"], color="lightgray", linewidth=1, label="loss")
         ax.plot(self.history["lr"], self.history["loss"], linewidth=2, label="smoothed loss")
