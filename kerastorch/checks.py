@@ -18,6 +18,7 @@ from .callbacks.monitor import check_mode
 from .callbacks.training_state import training_state_path
 from .data import NoBatchesError, dry_run_first_batch, num_batches
 from .history import history_columns
+from .meters import is_stateful_metric
 from .parts import check_loss_fn
 from .settings import FitSettings
 
@@ -50,7 +51,8 @@ def check_fit(model: Any, train_data: Any, val_data: Any, settings: FitSettings)
     check_loader(train_data, "train_data")
     if val_data is not None:
         check_loader(val_data, "val_data")
-    check_monitor(watch.monitor, model.metrics_dict, has_val=val_data is not None)
+    check_weighted_metrics(settings.weighted_metrics, model.metrics_dict)
+    check_monitor(watch.monitor, settings.metric_names(model.metrics_dict), has_val=val_data is not None)
     if watch.ckpt_path is not None:
         check_writable(watch.ckpt_path)
     check_resume(watch.resume, watch.ckpt_path)
@@ -150,7 +152,29 @@ def _check_whole_number(name: str, value: Any, minimum: int, hint: str = "") -> 
         raise ValueError(f"{name}={value!r} must be a whole number >= {minimum}{extra}.")
 
 
-def check_monitor(monitor: str, metrics_dict: dict, has_val: bool) -> None:
+def check_weighted_metrics(weighted_metrics: Optional[dict], metrics_dict: dict) -> None:
+    """Functions under names of their own, apart from the model's metrics."""
+    if weighted_metrics is None:
+        return
+    if not isinstance(weighted_metrics, dict):
+        raise TypeError(
+            f"weighted_metrics is a {type(weighted_metrics).__name__}; use a dict of name -> function, e.g. "
+            "{'wacc': lambda preds, y: (preds.argmax(1) == y).float()}."
+        )
+    for name, fn in weighted_metrics.items():
+        if not isinstance(name, str) or not name or not callable(fn) or is_stateful_metric(fn):
+            raise TypeError(
+                f"weighted_metrics[{name!r}] must be a function f(preds, labels) returning one value per "
+                "sample (or per batch); stateful metric objects cannot be weighted."
+            )
+        if name in metrics_dict:
+            raise ValueError(
+                f"weighted_metrics[{name!r}] has the name of a metric in metrics_dict; give it another, "
+                f"e.g. 'weighted_{name}'."
+            )
+
+
+def check_monitor(monitor: str, metrics_dict: Any, has_val: bool) -> None:
     names = history_columns(metrics_dict, has_val)
     if monitor in names:
         return

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import torch
 
-from .batches import batch_size_of, concatenate_batches, detach, to_host
+from .batches import batch_size_of, concatenate_batches, detach, split_sample_weight, to_host
 from .callbacks.callback_list import CallbackList
 from .data import num_batches
 from .meters import EpochMeters, StepLogs
@@ -68,11 +68,14 @@ def train_epoch(
     meters.reset()
     on_begin, on_end = callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end")
     steps.start_epoch(num_batches(loader))
+    weighted = bool(meters.weighted)  # weighted_metrics read each batch's sample weights
     for batch_index, batch in enumerate(loader):
         if on_begin:
             callbacks.call("on_train_batch_begin", batch_index, {})
-        loss, preds, labels = steps.run(batch_index, runtime.to_device(batch))
-        meters.update(loss, detach(preds), labels, batch_size_of(labels, preds))
+        batch = runtime.to_device(batch)
+        loss, preds, labels = steps.run(batch_index, batch)
+        weight = split_sample_weight(batch)[1] if weighted else None
+        meters.update(loss, detach(preds), labels, batch_size_of(labels, preds), weight)
         if on_end:
             callbacks.call("on_train_batch_end", batch_index, StepLogs(meters))
         if model.stop_training:  # set by a batch hook: stop after this batch, as Keras does
@@ -103,7 +106,8 @@ def evaluate_epoch(
             batch = runtime.to_device(batch)
             with runtime.autocast():
                 loss, preds, labels = model.forward_batch(batch)
-            meters.update(loss, preds, labels, batch_size_of(labels, preds))
+            weight = split_sample_weight(batch)[1] if meters.weighted else None
+            meters.update(loss, preds, labels, batch_size_of(labels, preds), weight)
             if on_end:
                 callbacks.call("on_test_batch_end", batch_index, StepLogs(meters))
         if meters.count == 0 and runtime.num_processes == 1:  # a process may get no share of a short loader

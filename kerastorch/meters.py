@@ -117,24 +117,71 @@ class _FunctionMeter:
     def value(self) -> torch.Tensor:
         return self.total / max(self.count, 1)
 
+    def denominator(self) -> torch.Tensor:
+        return torch.tensor(float(self.count), device=self.total.device, dtype=self.total.dtype)
+
     def reset(self) -> None:
         self.total.zero_()
         self.count = 0
         self.seen = False
 
 
+class _WeightedMeter(_FunctionMeter):
+    """A ``weighted_metrics`` function: ``sum_i w_i * m_i / sum_i w_i`` over the epoch's samples, with
+    ``m_i`` the function's value per sample (or its batch value for every sample of the batch)."""
+
+    def __init__(self, fn: Callable, device: torch.device, sum_dtype: torch.dtype):
+        super().__init__(fn, device, sum_dtype)
+        self.weight_total = torch.zeros((), device=device, dtype=sum_dtype)
+
+    def update_weighted(self, preds: Any, labels: Any, n: int, weight: Optional[torch.Tensor]) -> None:
+        value = (
+            torch.as_tensor(self.fn(metric_friendly(preds), labels)).detach().to(self.total.device, self.total.dtype)
+        )
+        weight = (
+            torch.ones(n, device=self.total.device, dtype=self.total.dtype)
+            if weight is None
+            else weight.detach().reshape(-1).to(self.total.device, self.total.dtype)
+        )
+        self.total += (value.reshape(-1) * weight).sum() if value.numel() == n else value.reshape(()) * weight.sum()
+        self.weight_total += weight.sum()
+        self.count += n
+        self.seen = True
+
+    def value(self) -> torch.Tensor:
+        return self.total / self.weight_total.clamp_min(1e-30)
+
+    def denominator(self) -> torch.Tensor:
+        return self.weight_total
+
+    def reset(self) -> None:
+        super().reset()
+        self.weight_total.zero_()
+
+
 class EpochMeters:
     """Loss and metrics of one stage (``train`` or ``val``) over one epoch."""
 
-    def __init__(self, prefix: str, metrics_dict: dict, device: torch.device, reduce_fn: Optional[Callable] = None):
+    def __init__(
+        self,
+        prefix: str,
+        metrics_dict: dict,
+        device: torch.device,
+        reduce_fn: Optional[Callable] = None,
+        weighted_metrics: Optional[dict] = None,
+    ):
         self.prefix = prefix
         self.device = device
         self.sum_dtype = exact_sum_dtype(device)
-        self.meters = {
+        self.meters: dict[str, Any] = {
             name: _StatefulMeter(m, device, reduce_fn)
             if is_stateful_metric(m)
             else _FunctionMeter(m, device, self.sum_dtype)
             for name, m in metrics_dict.items()
+        }
+        # Updated at once with each batch's weights (not batched with the others): see update.
+        self.weighted = {
+            name: _WeightedMeter(fn, device, self.sum_dtype) for name, fn in (weighted_metrics or {}).items()
         }
         self.reduce_fn = reduce_fn  # sums a tensor over processes; None in a single process
         self.loss_sum = torch.zeros((), device=device, dtype=self.sum_dtype)
@@ -143,20 +190,25 @@ class EpochMeters:
 
     @property
     def names(self) -> list[str]:
-        return [f"{self.prefix}_loss"] + [f"{self.prefix}_{name}" for name in self.meters]
+        return [f"{self.prefix}_loss"] + [f"{self.prefix}_{name}" for name in (*self.meters, *self.weighted)]
 
     def reset(self) -> None:
         self.loss_sum.zero_()
         self.count = 0
         self._pending.clear()
-        for meter in self.meters.values():
+        for meter in (*self.meters.values(), *self.weighted.values()):
             meter.reset()
 
-    def update(self, loss: Optional[torch.Tensor], preds: Any, labels: Any, n: int) -> None:
-        """Add one batch. ``loss`` is the batch mean; nothing here waits for the device."""
+    def update(
+        self, loss: Optional[torch.Tensor], preds: Any, labels: Any, n: int, weight: Optional[torch.Tensor] = None
+    ) -> None:
+        """Add one batch. ``loss`` is the batch mean; ``weight`` the samples' weights (for
+        ``weighted_metrics`` only). Nothing here waits for the device."""
         if loss is not None:
             self.loss_sum.add_(loss.detach(), alpha=n)  # one kernel; promotes to the sum's dtype
         self.count += n
+        for weighted in self.weighted.values():
+            weighted.update_weighted(preds, labels, n, weight)
         if not self.meters:
             return
         if self._pending and not _can_concatenate(self._pending[-1], preds, labels):
@@ -188,19 +240,20 @@ class EpochMeters:
         self._flush()
         loss_sum, count = self.loss_sum, torch.tensor(float(self.count), device=self.device, dtype=self.sum_dtype)
         function_meters = {k: m for k, m in self.meters.items() if isinstance(m, _FunctionMeter)}
+        function_meters.update(self.weighted)
         if synced and self.reduce_fn is not None:
             parts = [loss_sum, count]
             for m in function_meters.values():
-                parts += [m.total, torch.tensor(float(m.count), device=self.device, dtype=self.sum_dtype)]
+                parts += [m.total, m.denominator()]
             summed = self.reduce_fn(torch.stack(parts))
             loss_sum, count = summed[0], summed[1]
             function_values = {
-                k: summed[2 + 2 * i] / summed[3 + 2 * i].clamp_min(1) for i, k in enumerate(function_meters)
+                k: summed[2 + 2 * i] / summed[3 + 2 * i].clamp_min(1e-30) for i, k in enumerate(function_meters)
             }
         else:
             function_values = {k: m.value() for k, m in function_meters.items()}
         values = [loss_sum / count.clamp_min(1)]
-        for name, meter in self.meters.items():
+        for name, meter in (*self.meters.items(), *self.weighted.items()):
             value = _stateful_value(meter, name, synced) if isinstance(meter, _StatefulMeter) else function_values[name]
             values.append(value.detach().to(self.device, self.sum_dtype))
         floats = torch.stack(values).tolist()

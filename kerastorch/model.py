@@ -115,6 +115,7 @@ class KerasModel(ModelParts):
         sample_weight: Any = None,
         steps_per_epoch: Optional[int] = None,
         validation_freq: int = 1,
+        weighted_metrics: Optional[dict] = None,
         doctor: bool = False,
     ) -> pd.DataFrame:
         """Train for ``epochs`` epochs and return the history, one row per epoch.
@@ -178,6 +179,9 @@ class KerasModel(ModelParts):
             validation_freq: validate every n epochs; the other rows' ``val_*`` cells are NaN,
                 and early stopping, the best weights and ReduceLROnPlateau look at validated
                 epochs only.
+            weighted_metrics: ``{name: f(preds, labels)}`` averaged with the sample weights
+                (``sum w_i * m_i / sum w_i``; ``f`` returns one value per sample, or per batch),
+                logged as ``train_<name>`` / ``val_<name>``; ``metrics_dict``'s metrics stay unweighted.
             doctor: run :meth:`doctor` first; print its report, and on an error stop before
                 training (:class:`~kerastorch.doctor.DoctorError`).
 
@@ -222,7 +226,7 @@ class KerasModel(ModelParts):
             gradient_clip_algorithm=gradient_clip_algorithm,
             data=data_settings,
         )
-        settings = dataclasses.replace(settings, doctor=doctor)
+        settings = dataclasses.replace(settings, doctor=doctor, weighted_metrics=weighted_metrics)
         self.history = run.fit(self, FitData(train_data, val_data, y, sample_weight), settings)
         return self.history
 

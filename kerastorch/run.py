@@ -102,7 +102,9 @@ def fit_here(
                 settings = dataclasses.replace(settings, output=settings.output.silenced())
             callbacks = callbacks_for_fit(model, settings, train_loader, val_loader)
             meters = {
-                stage: EpochMeters(stage, model.metrics_dict, runtime.outputs_device, runtime.reduce_sum)
+                stage: EpochMeters(
+                    stage, model.metrics_dict, runtime.outputs_device, runtime.reduce_sum, settings.weighted_metrics
+                )
                 for stage in ("train", "val")
             }
             steps = StepRunner(model, runtime, settings.step, callbacks)
@@ -151,7 +153,8 @@ def train_with_callbacks(
         )
     finally:
         model.step_runner = None
-        model.history = history_frame(rows, ["epoch", *history_columns(model.metrics_dict, val_loader is not None)])
+        columns = history_columns(settings.metric_names(model.metrics_dict), val_loader is not None)
+        model.history = history_frame(rows, ["epoch", *columns])
         callbacks.call("on_train_end", rows[-1] if rows else {})
     return model.history
 
@@ -187,7 +190,7 @@ def callbacks_for_fit(
         "verbose": output.verbose,
         "monitor": watch.monitor,
         "mode": watch.mode,
-        "metrics": history_columns(model.metrics_dict, val_loader is not None),
+        "metrics": history_columns(settings.metric_names(model.metrics_dict), val_loader is not None),
         "train_data": train_loader,
         "ckpt_path": watch.ckpt_path,
     }

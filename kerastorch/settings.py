@@ -88,6 +88,11 @@ class FitSettings:
     step: StepSettings
     data: DataSettings = DataSettings()
     doctor: bool = False  # run model.doctor first and stop on an error
+    weighted_metrics: Optional[dict] = None  # {name: f(preds, labels)}, averaged with the sample weights
+
+    def metric_names(self, metrics_dict: dict) -> list[str]:
+        """The run's metric names: the model's metrics, then the weighted ones."""
+        return [*metrics_dict, *(self.weighted_metrics or {})]
 
 
 def fit_settings(

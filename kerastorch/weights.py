@@ -8,7 +8,8 @@ where ``l_i`` is the sample's own loss (the user's loss with ``reduction="none"`
 averaged over any non-batch dimensions) and ``w_i`` its weight (``sample_weight``
 times ``class_weight[label]``). Summed over an epoch's batches by their sizes, the
 history's ``train_loss`` is exactly ``(1/N) * sum over the epoch's N samples of w_i * l_i``,
-the quantity the optimizer minimises. Metrics are not weighted.
+the quantity the optimizer minimises. ``metrics_dict``'s metrics are not weighted;
+``fit(weighted_metrics=...)``'s functions are (:mod:`kerastorch.meters`).
 """
 
 from __future__ import annotations

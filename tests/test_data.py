@@ -309,3 +309,29 @@ def test_arrays_with_validation_split_shard_over_two_processes_with_exact_values
     scores = model.evaluate(X[split_at:], y[split_at:], quiet=True)
     assert scores["val_loss"] == pytest.approx(best["val_loss"], rel=1e-5)
     assert scores["val_acc"] == pytest.approx(best["val_acc"], rel=1e-6)
+
+
+def test_weighted_metrics_average_with_the_sample_weights_and_plain_metrics_do_not():
+    X, y = overlapping_two_classes(n=300)
+    w = np.random.default_rng(2).random(300).astype(np.float32)
+    model = two_class_model()
+    model.metrics_dict = {"acc": accuracy}
+    model.optimizer.param_groups[0]["lr"] = 0.0  # fixed weights: the epoch values are checkable by hand
+    per_sample_correct = lambda preds, labels: (preds.argmax(1) == labels).float()
+    history = model.fit(
+        X,
+        y,
+        sample_weight=w,
+        batch_size=64,
+        epochs=1,
+        verbose=0,
+        weighted_metrics={"wacc": per_sample_correct},
+        monitor="train_wacc",
+        mode="max",
+    )
+    with torch.no_grad():
+        correct = (model.net(torch.tensor(X)).argmax(1) == torch.tensor(y)).float()
+    assert history["train_wacc"].iloc[0] == pytest.approx(float((correct * torch.tensor(w)).sum() / w.sum()), rel=1e-5)
+    assert history["train_acc"].iloc[0] == pytest.approx(float(correct.mean()), rel=1e-6)
+    with pytest.raises(ValueError, match=r"weighted_metrics\['acc'\] has the name of a metric in metrics_dict"):
+        model.fit(X, y, weighted_metrics={"acc": per_sample_correct}, verbose=0)
