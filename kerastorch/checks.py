@@ -5,7 +5,9 @@ Each message says what was wrong, what was expected and what to try.
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
+import copy
 import difflib
 import os
 from typing import Any, Optional
@@ -18,7 +20,7 @@ from .callbacks.monitor import check_mode
 from .callbacks.training_state import training_state_path
 from .data import NoBatchesError, dry_run_first_batch, num_batches
 from .history import history_columns
-from .meters import is_stateful_metric
+from .meters import is_stateful_metric, metric_friendly, metric_update_fn, scalar_metric_value
 from .parts import check_loss_fn
 from .settings import FitSettings
 
@@ -194,6 +196,13 @@ def check_loader(data: Any, name: str) -> None:
             f"{name} is a {type(data).__name__}, but it must be an iterable of batches, such as "
             "torch.utils.data.DataLoader(TensorDataset(x, y), batch_size=32)."
         )
+    if isinstance(data, collections.abc.Iterator):
+        raise TypeError(
+            f"{name} is a {type(data).__name__}, a one-shot iterator: it would be used up by the first epoch (and by "
+            "the check of its first batch), and the next epoch would find no batches. Pass something that can be "
+            "iterated again: a DataLoader, a Dataset, or arrays. For an endless stream, wrap it in an "
+            "IterableDataset and pass steps_per_epoch=..."
+        )
     length = num_batches(data)
     if length == 0:
         raise ValueError(f"{name} is empty (0 batches). Check the dataset's size, batch_size and drop_last.")
@@ -244,26 +253,52 @@ def _file_in_the_way(folder: str) -> Optional[str]:
 
 
 def check_first_batch(model: Any, data: Any, runtime: Any, name: str) -> None:
-    """Run the first batch through the net and the loss in eval mode, without gradients,
-    so a wrong batch layout or a net/loss mismatch fails before any weight changes."""
+    """Run the first batch through the net, the loss and copies of the metrics, in eval mode and
+    without gradients, so a wrong batch layout, a net/loss mismatch or a metric that does not
+    fit the outputs fails before any weight changes."""
 
     def forward(batch: Any) -> Any:
         with runtime.autocast():
-            loss, _, _ = model.forward_batch(runtime.to_device(batch))
-        return loss
+            return model.forward_batch(runtime.to_device(batch))
 
     try:
-        loss = dry_run_first_batch(model.net, data, name, forward)
+        loss, preds, labels = dry_run_first_batch(model.net, data, name, forward)
     except (BatchError, NoBatchesError):
         raise
     except Exception as error:
         raise _wrapped(error, name) from error
-    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise ValueError(
-            f"The loss must be a single number (a mean over the batch); got {shape}. Use a loss with "
-            "reduction='mean' or reduce it in forward_batch."
+            f"The loss must be a single number (a 0-d tensor, the mean over the batch); got {shape}. Use a loss "
+            "with reduction='mean', or return loss.mean() (or loss.squeeze() for one element) from your loss or "
+            "forward_batch."
         )
+    check_metrics_on(model.metrics_dict, preds, labels, name, runtime.outputs_device)
+
+
+def check_metrics_on(metrics_dict: dict, preds: Any, labels: Any, name: str, device: torch.device) -> None:
+    """Update and compute a copy of every metric on one batch: a metric that does not fit the
+    outputs (3 classes into Accuracy(num_classes=2)) fails now, not after an epoch of training."""
+    preds = metric_friendly(preds)
+    for key, metric in metrics_dict.items():
+        try:
+            with torch.no_grad():
+                if is_stateful_metric(metric):
+                    trial = copy.deepcopy(metric)
+                    if isinstance(trial, torch.nn.Module):
+                        trial.to(device)
+                    metric_update_fn(trial)(preds, labels)
+                    value = trial.compute()
+                else:
+                    value = metric(preds, labels)
+                scalar_metric_value(value, key)
+        except Exception as error:
+            raise ValueError(
+                f"Metric {key!r} failed on the first batch of {name}, before training started: "
+                f"{type(error).__name__}: {error}. Check that it fits the net's outputs (number of classes, task) "
+                "and the labels."
+            ) from error
 
 
 def _wrapped(error: Exception, name: str) -> Exception:

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
 from .batches import LABEL_KEYS, WeightedSample, split_batch, split_sample_weight
+from .rng import data_order_generators
 from .settings import DEFAULT_BATCH_SIZE, DataSettings
 from .weights import ClassWeighted
 
@@ -42,18 +43,18 @@ def num_batches(data: Any) -> Optional[int]:
 
 @contextlib.contextmanager
 def rng_untouched(loader: Any) -> Iterator[None]:
-    """Peeking at a batch must not change the data order of the run that follows."""
-    generator = getattr(loader, "generator", None)
-    if not isinstance(generator, torch.Generator):
-        generator = None
+    """Peeking at a batch must not change the data order of the run that follows: torch's global
+    generator and every generator the loader, its sampler or batch sampler hold (a
+    ``WeightedRandomSampler(generator=g)`` too) come back as they were."""
+    generators = data_order_generators(loader)
     torch_state = torch.random.get_rng_state()
-    gen_state = generator.get_state() if generator is not None else None
+    states = [g.get_state() for g in generators]
     try:
         yield
     finally:
         torch.random.set_rng_state(torch_state)
-        if generator is not None and gen_state is not None:
-            generator.set_state(gen_state)
+        for generator, state in zip(generators, states):
+            generator.set_state(state)
 
 
 def dry_run_first_batch(net: torch.nn.Module, data: Any, name: str, run: Callable[[Any], T]) -> T:

@@ -22,7 +22,7 @@ import warnings
 from typing import Any, Iterator
 
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from .model_parallel import check_one_process
 
@@ -70,6 +70,13 @@ def shard_for_training(accelerator, loader: DataLoader):
 def shard_exactly(accelerator, loader: DataLoader):
     """Each validation sample on exactly one process: uneven shards, no repeated samples."""
     _require_dataloader(loader, "val_data")
+    if isinstance(loader.dataset, IterableDataset):
+        # accelerate pads the shards of an iterable to equal lengths, so some samples would count twice.
+        raise ValueError(
+            "val_data reads an IterableDataset, which cannot be split exactly over several processes: the shards "
+            "are padded with repeated samples, so val_loss and the metrics would be off. Validate on a map-style "
+            "Dataset (with __len__ and __getitem__: e.g. a TensorDataset, or arrays), or train with devices=1."
+        )
     if isinstance(loader.sampler, DistributedSampler):
         warnings.warn(
             "val_data uses a DistributedSampler, which repeats samples so that every process gets as many, so "

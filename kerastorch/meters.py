@@ -32,6 +32,10 @@ def is_stateful_metric(metric: Any) -> bool:
     return callable(getattr(metric, "compute", None)) and callable(getattr(metric, "reset", None))
 
 
+# Names a metric cannot take: the history's own columns ("loss" would become train_loss / val_loss).
+RESERVED_NAMES = ("loss", "lr", "epoch")
+
+
 def check_metrics(metrics_dict: Optional[dict]) -> dict:
     """Refuse a metric that cannot be called, naming its key."""
     if metrics_dict is not None and not isinstance(metrics_dict, Mapping):
@@ -43,6 +47,24 @@ def check_metrics(metrics_dict: Optional[dict]) -> dict:
     for name, metric in metrics_dict.items():
         if not isinstance(name, str) or not name:
             raise TypeError(f"metrics_dict keys must be non-empty strings like 'acc'; got {name!r}.")
+        if name in RESERVED_NAMES or name.startswith(("train_", "val_")):
+            raise ValueError(
+                f"metrics_dict[{name!r}]: the history already has columns named after it ({name!r} would become "
+                f"'train_{name}' and 'val_{name}', or clash with 'epoch', 'lr', 'train_loss', 'val_loss'), and the "
+                f"best weights would follow the wrong one. Name it otherwise, e.g. 'my_{name.split('_', 1)[-1]}'."
+            )
+        if isinstance(metric, type):
+            raise TypeError(
+                f"metrics_dict[{name!r}] is the class {metric.__name__}, not a metric. Build one: "
+                f"{metric.__name__}(...) (note the brackets), e.g. torchmetrics.Accuracy(task='multiclass', "
+                "num_classes=10)."
+            )
+        if type(metric).__name__ == "MetricCollection":
+            raise TypeError(
+                f"metrics_dict[{name!r}] is a torchmetrics MetricCollection, which computes a dict; the history holds "
+                "one number per column. Put its metrics in metrics_dict one by one: "
+                "metrics_dict={'acc': Accuracy(...), 'f1': F1Score(...)}."
+            )
         if not callable(metric):
             raise TypeError(
                 f"metrics_dict[{name!r}] is a {type(metric).__name__}, which cannot be called. A metric is a "
@@ -63,6 +85,11 @@ def metric_update_fn(metric: Any) -> Callable:
 
 def scalar_metric_value(value: Any, name: str) -> torch.Tensor:
     """``value`` as a 0-d tensor, or an error naming the metric: a history holds one number per metric."""
+    if isinstance(value, Mapping):
+        raise ValueError(
+            f"Metric {name!r} computed a dict ({', '.join(map(str, value))}); the history holds one number per "
+            "metric. Put each of its values in metrics_dict as a metric of its own."
+        )
     value = torch.as_tensor(value)
     if value.numel() != 1:
         raise ValueError(

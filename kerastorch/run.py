@@ -96,6 +96,8 @@ def fit_here(
     try:
         place_parts(model, runtime)
         check_first_batch(model, train_data, runtime, "train_data")
+        if val_data is not None:
+            check_first_batch(model, val_data, runtime, "val_data")
         with process_share(model, runtime, train_data, val_data) as (train_loader, val_loader):
             train_loader = per_process_training_data(train_loader, settings.data, class_weights)
             if not runtime.is_main_process:  # one process prints, draws and logs
