@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from . import doctor as doctor_module
 from . import evaluation, run, tuning
 from . import interpret as interpret_module
+from .callbacks.monitor import auto_mode
 from .checkpoint import load_weights, save_weights, unwrap
 from .data import FitData, keras_positional
 from .doctor import Diagnosis
@@ -86,7 +87,7 @@ class KerasModel(ModelParts):
         epochs: int = 10,
         patience: Optional[int] = 5,
         monitor: Optional[str] = None,
-        mode: str = "min",
+        mode: str = "auto",
         min_delta: float = 0.0,
         ckpt_path: Optional[Union[str, os.PathLike]] = None,
         resume: bool = False,
@@ -137,7 +138,10 @@ class KerasModel(ModelParts):
                 None never stops early.
             monitor: the history column that picks the best epoch (default ``val_loss``, or
                 ``train_loss`` without ``val_data``). Checked before the first batch.
-            mode: ``"min"`` (lower is better, a loss) or ``"max"`` (an accuracy).
+            mode: ``"min"`` (lower is better, a loss), ``"max"`` (an accuracy), or ``"auto"``: the
+                metric's ``higher_is_better`` if it has one (torchmetrics), else ``"max"`` for names
+                with acc, auc, f1, precision, recall, iou, dice, r2 or score, ``"min"`` otherwise.
+                fit's first printed line says which was chosen.
             min_delta: the smallest change that counts as an improvement.
             ckpt_path: also write the best weights to this file (safetensors, atomically).
             resume: with ``ckpt_path``, write the whole training state to ``ckpt_path + ".state"``
@@ -227,6 +231,12 @@ class KerasModel(ModelParts):
             data=data_settings,
         )
         settings = dataclasses.replace(settings, doctor=doctor, weighted_metrics=weighted_metrics)
+        if mode == "auto":
+            watch = settings.monitoring
+            chosen = auto_mode(watch.monitor, {**self.metrics_dict, **(weighted_metrics or {})})
+            settings = dataclasses.replace(
+                settings, monitoring=dataclasses.replace(watch, mode=chosen, mode_was_auto=True)
+            )
         self.history = run.fit(self, FitData(train_data, val_data, y, sample_weight), settings)
         return self.history
 

@@ -111,7 +111,9 @@ def fit_here(
             }
             steps = StepRunner(model, runtime, settings.step, callbacks)
             if settings.output.verbose:
-                model.print(runtime.describe())
+                watch = settings.monitoring
+                chosen = f"{watch.mode}, from its name" if watch.mode_was_auto else watch.mode
+                model.print(f"{runtime.describe()}; best weights by {watch.monitor} ({chosen})")
             return train_with_callbacks(model, train_loader, val_loader, runtime, callbacks, meters, steps, settings)
     finally:
         runtime.teardown()
@@ -149,9 +151,10 @@ def train_with_callbacks(
                 validation_freq=settings.data.validation_freq,
             )
     except KeyboardInterrupt:
+        restored = "the best weights restored" if rows else "the weights from before training restored"
         model.print(
             f"Interrupted during epoch {len(rows) + 1}: returning the history of the {len(rows)} "
-            "finished epoch(s) with the best weights restored."
+            f"finished epoch(s) with {restored}."
         )
     finally:
         model.step_runner = None

@@ -20,11 +20,12 @@ class MonitorSettings:
     """Which value picks the best epoch, and what follows from it."""
 
     monitor: str = "val_loss"
-    mode: str = "min"
+    mode: str = "min"  # "min" or "max": fit resolves "auto" before the run
     min_delta: float = 0.0
     patience: Optional[int] = 5  # None: never stop early
     ckpt_path: Optional[Union[str, os.PathLike]] = None
     resume: bool = False
+    mode_was_auto: bool = False  # mode chosen from the monitored name (fit's first line says so)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,7 +56,7 @@ CASES = [
     pytest.param(
         fit_with(val_data=loader(), mode="maximum"),
         ValueError,
-        r"mode='maximum' is not supported; use 'min' .* or 'max'",
+        r"mode='maximum' is not supported; use 'min' .*, 'max' .*, or 'auto'",
         id="mode not min/max",
     ),
     pytest.param(

@@ -131,3 +131,54 @@ def test_an_iterable_validation_set_over_two_processes_is_refused():
             devices=2,
             verbose=0,
         )
+
+
+def test_mode_auto_follows_the_monitored_name_and_fit_says_so(capsys):
+    x, y = data(n=192)
+    train = DataLoader(TensorDataset(x[:128], y[:128]), batch_size=16, shuffle=True)
+    val = DataLoader(TensorDataset(x[128:], y[128:]), batch_size=32)
+    model = make_model({"acc": accuracy})
+    history = model.fit(train, val, epochs=4, patience=None, monitor="val_acc", verbose=2)
+    assert "best weights by val_acc (max, from its name)" in capsys.readouterr().out
+    best = history.loc[history["val_acc"].idxmax()]
+    assert model.evaluate(val, quiet=True)["val_acc"] == pytest.approx(best["val_acc"])
+    mse = torchmetrics.MeanSquaredError()  # torchmetrics says lower is better, whatever the name
+    assert kt.callbacks.monitor.auto_mode("val_score", {"score": mse}) == "min"
+
+
+class NaNFromStart(nn.Module):
+    def forward(self, preds, labels):
+        return nn.functional.cross_entropy(preds, labels) * float("nan")
+
+
+def test_nan_in_the_first_epoch_restores_the_weights_from_before_training(capsys):
+    x, y = data()
+    model = make_model(loss_fn=NaNFromStart())
+    before = snapshot(model)
+    history = model.fit(DataLoader(TensorDataset(x, y), batch_size=16), epochs=3, verbose=2)
+    assert len(history) == 1
+    out = capsys.readouterr().out
+    assert "The best finite weights are restored" not in out
+    assert "No epoch had a finite loss, so the weights from before training are restored" in out
+    assert unchanged(model, before)
+
+
+class CtrlCAtBatch(kt.Callback):
+    def __init__(self, batch):
+        self.batch = batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.batch:
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_in_the_first_epoch_gives_back_the_starting_weights(capsys):
+    x, y = data()
+    model = make_model()
+    before = snapshot(model)
+    history = model.fit(
+        DataLoader(TensorDataset(x, y), batch_size=16), epochs=3, verbose=2, callbacks=[CtrlCAtBatch(2)]
+    )
+    assert len(history) == 0
+    assert "0 finished epoch(s) with the weights from before training restored" in capsys.readouterr().out
+    assert unchanged(model, before) and model.net.training

@@ -19,6 +19,10 @@ class RestoreBestWeights(MonitorCallback):
     The copy lives in host memory, so no file is left in your folder. With ``ckpt_path``
     the best weights are also written there (safetensors, atomically: a crash never leaves
     a half-written file). ``fit`` adds one of these to every run.
+
+    When no epoch could be the best because training broke first — a NaN loss in the first
+    epoch, Ctrl-C before the first epoch ended — the weights from before training come back
+    (never the half-trained or NaN ones), and it says so.
     """
 
     order = ORDER_BEST_WEIGHTS
@@ -35,10 +39,19 @@ class RestoreBestWeights(MonitorCallback):
         self.ckpt_path = ckpt_path
         self.verbose = verbose
         self.best_weights: Optional[dict] = None
+        self.initial_weights: Optional[dict] = None  # the fallback when training breaks before any best
+        self.broke = False  # a NaN or infinite loss was seen
+
+    def on_train_begin(self, logs=None):
+        self.initial_weights = cpu_state_dict(self.model.net)
+        self.broke = False
 
     def on_epoch_end(self, epoch, logs=None):
         # An epoch with a NaN or infinite loss is never the best, whatever the monitored metric says.
-        if not self.watches(logs) or not losses_are_finite(logs) or not self.update_best(epoch, logs):
+        if not losses_are_finite(logs):
+            self.broke = True
+            return
+        if not self.watches(logs) or not self.update_best(epoch, logs):
             return
         self.best_weights = cpu_state_dict(self.model.net)
         if self.ckpt_path and self.model.is_main_process:
@@ -49,6 +62,12 @@ class RestoreBestWeights(MonitorCallback):
     def on_train_end(self, logs=None):
         if self.best_weights is not None:
             unwrap(self.model.net).load_state_dict(self.best_weights)
+        elif self.initial_weights is not None and (self.broke or (not logs and self.params.get("epochs"))):
+            # NaN before any best, or stopped (Ctrl-C) before the first epoch ended: never half-trained weights.
+            unwrap(self.model.net).load_state_dict(self.initial_weights)
+            if self.broke:
+                self.model.print("No epoch had a finite loss, so the weights from before training are restored.")
+        self.initial_weights = None
 
     def state_dict(self):
         return {**super().state_dict(), "best_weights": self.best_weights}

@@ -26,11 +26,32 @@ def improves(current: float, best: Optional[float], mode: str, min_delta: float 
 
 
 def check_mode(mode: str) -> str:
-    if mode not in MODES:
+    if mode not in (*MODES, "auto"):
         raise ValueError(
-            f"mode={mode!r} is not supported; use 'min' (lower is better, e.g. a loss) or 'max' (e.g. accuracy)."
+            f"mode={mode!r} is not supported; use 'min' (lower is better, e.g. a loss), 'max' (e.g. accuracy), or "
+            "'auto' (from the monitored name)."
         )
     return mode
+
+
+# Monitored names that contain one of these are better when higher (Keras's list, and a few more).
+HIGHER_IS_BETTER_WORDS = ("acc", "auc", "f1", "precision", "recall", "iou", "dice", "r2", "score", "fbeta")
+
+
+def auto_mode(monitor: str, metrics_dict: Optional[dict] = None) -> str:
+    """``"max"`` or ``"min"`` for ``monitor``: the metric's own ``higher_is_better`` (torchmetrics)
+    if it has one, else ``"max"`` for names like accuracy, AUC, F1, IoU, R², ``"min"`` otherwise.
+
+    >>> auto_mode("val_acc"), auto_mode("val_loss"), auto_mode("train_r2"), auto_mode("val_mae")
+    ('max', 'min', 'max', 'min')
+    """
+    bare = monitor.split("_", 1)[1] if monitor.startswith(("train_", "val_")) else monitor
+    higher = getattr((metrics_dict or {}).get(bare), "higher_is_better", None)
+    if isinstance(higher, bool):
+        return "max" if higher else "min"
+    if "loss" in bare.lower():
+        return "min"
+    return "max" if any(word in bare.lower() for word in HIGHER_IS_BETTER_WORDS) else "min"
 
 
 class MonitorCallback(Callback):
@@ -67,6 +88,8 @@ class MonitorCallback(Callback):
         return float(logs[self.monitor])
 
     def is_improvement(self, current: float) -> bool:
+        if self.mode == "auto":  # decided once the model (and its metrics) is known
+            self.mode = auto_mode(self.monitor, getattr(self.model, "metrics_dict", None))
         return improves(current, self.best, self.mode, self.min_delta)
 
     def update_best(self, epoch: int, logs: dict) -> bool:

@@ -36,6 +36,7 @@ class TerminateOnNaN(Callback):
             self.model.stop_training = True
             if self.verbose:
                 self.model.print(
-                    f"Stopping: {bad[0]} is {logs[bad[0]]} at epoch {epoch}. The best finite weights are restored. "
-                    "Try a lower learning rate, gradient_clip_val, or check the data for NaNs."
+                    f"Stopping: {bad[0]} is {logs[bad[0]]} at epoch {epoch}. "
+                    + ("The best finite weights are restored. " if epoch > 1 else "")
+                    + "Try a lower learning rate, gradient_clip_val, or check the data for NaNs."
                 )
