@@ -6,27 +6,36 @@ Each message says what was wrong, what was expected and what to try.
 from __future__ import annotations
 
 import collections.abc
-import contextlib
 import copy
 import difflib
+import numbers
 import os
+import warnings
 from typing import Any, Optional
 
 import torch
 
-from .batches import BatchError
+from .batches import BatchError, split_batch, split_sample_weight
 from .callbacks.base import Callback
 from .callbacks.monitor import check_mode
 from .callbacks.training_state import training_state_path
+from .checkpoint import check_writable
 from .data import NoBatchesError, dry_run_first_batch, num_batches
 from .history import history_columns
 from .meters import is_stateful_metric, metric_friendly, metric_update_fn, scalar_metric_value
+from .metric_sync import is_torchmetrics
 from .parts import check_loss_fn
 from .settings import FitSettings
 
 
 def check_fit(model: Any, train_data: Any, val_data: Any, settings: FitSettings) -> None:
     """Everything about ``fit``'s arguments that can be checked without running the net."""
+    if not torch.is_grad_enabled():
+        raise RuntimeError(
+            "Gradients are switched off here (torch.set_grad_enabled(False), or fit called inside a "
+            "torch.no_grad() block), so fit cannot train. Call torch.set_grad_enabled(True) first, or move the "
+            "fit call out of the no_grad block."
+        )
     check_loss_fn(model)
     check_optimizer(model)
     check_lr_scheduler(model)
@@ -51,6 +60,7 @@ def check_fit(model: Any, train_data: Any, val_data: Any, settings: FitSettings)
     if not isinstance(data.shuffle, bool):
         raise TypeError(f"shuffle={data.shuffle!r} must be True or False.")
     check_loader(train_data, "train_data")
+    check_no_single_sample_batch(model.net, train_data)
     if val_data is not None:
         check_loader(val_data, "val_data")
     check_weighted_metrics(settings.weighted_metrics, model.metrics_dict)
@@ -84,6 +94,18 @@ def check_optimizer(model) -> None:
             "The optimizer updates none of the net's parameters, so training would change nothing. It "
             "was probably built for another net (in a notebook: the net's cell was run again after the "
             f"optimizer's). Build it over this net: optimizer={example}."
+        )
+    left_out = [name for name, p in model.net.named_parameters() if p.requires_grad and id(p) not in updated]
+    # An overridden train_step may update the rest with optimizers of its own.
+    own_step = getattr(type(model), "train_step", None)
+    if left_out and getattr(own_step, "__qualname__", "") in ("KerasModel.train_step", ""):
+        warnings.warn(
+            f"The optimizer does not update {len(left_out)} of the net's trainable parameters: "
+            f"{', '.join(left_out[:5])}{' ...' if len(left_out) > 5 else ''} (added to the net after the optimizer "
+            f"was built?). They will not learn. Build the optimizer after the net is complete: optimizer={example}, "
+            "or freeze them on purpose with requires_grad_(False).",
+            UserWarning,
+            stacklevel=4,
         )
 
 
@@ -149,7 +171,8 @@ def check_resume(resume, ckpt_path) -> None:
 
 
 def _check_whole_number(name: str, value: Any, minimum: int, hint: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    # NumPy integers (np.int64(10) from a config or a grid) count as whole numbers too.
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         extra = f" ({hint})" if hint else ""
         raise ValueError(f"{name}={value!r} must be a whole number >= {minimum}{extra}.")
 
@@ -190,6 +213,22 @@ def check_monitor(monitor: str, metrics_dict: Any, has_val: bool) -> None:
     raise ValueError(f"monitor={monitor!r} is not a value this run produces; available: {', '.join(names)}.{hint}")
 
 
+def check_no_single_sample_batch(net: torch.nn.Module, loader: Any) -> None:
+    """BatchNorm cannot train on a batch of one sample: refuse a loader whose last batch has one."""
+    if not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in net.modules()):
+        return
+    size, dataset = getattr(loader, "batch_size", None), getattr(loader, "dataset", None)
+    if not isinstance(size, int) or getattr(loader, "drop_last", False) or num_batches(dataset) is None:
+        return
+    samples = num_batches(dataset) or 0  # len(dataset): its number of samples
+    if samples % size == 1:
+        raise ValueError(
+            f"The training data has {samples} samples in batches of {size}, so the last batch of every epoch holds "
+            "a single sample, and BatchNorm cannot train on one (torch fails at the end of the first epoch). Pass "
+            f"drop_last=True to your DataLoader, or another batch_size (e.g. {size + 1})."
+        )
+
+
 def check_loader(data: Any, name: str) -> None:
     if data is None or isinstance(data, (torch.Tensor, str, bytes, dict)) or not hasattr(data, "__iter__"):
         raise TypeError(
@@ -208,56 +247,41 @@ def check_loader(data: Any, name: str) -> None:
         raise ValueError(f"{name} is empty (0 batches). Check the dataset's size, batch_size and drop_last.")
 
 
-def check_writable(ckpt_path) -> None:
-    if not isinstance(ckpt_path, (str, os.PathLike)):
-        raise TypeError(
-            f"ckpt_path={ckpt_path!r} must be a file path (a str or pathlib.Path) like 'runs/best.safetensors'."
-        )
-    path = os.path.abspath(os.fspath(ckpt_path))
-    if os.path.isdir(path):
-        raise ValueError(
-            f"ckpt_path={os.fspath(ckpt_path)!r} is a folder; give a file path like 'checkpoint.safetensors'."
-        )
-    folder = os.path.dirname(path)
-    probe = None
+REGRESSION_LOSSES = (torch.nn.MSELoss, torch.nn.L1Loss, torch.nn.SmoothL1Loss, torch.nn.HuberLoss)
+
+
+def broadcast_mismatch(loss_fn: Any, preds: Any, labels: Any) -> Optional[str]:
+    """For a regression loss, outputs and labels whose shapes broadcast to something else (``(N, 1)``
+    and ``(N,)`` make ``(N, N)``: every output compared with every label): say so, with the fix."""
+    if not (
+        isinstance(loss_fn, REGRESSION_LOSSES)
+        and isinstance(preds, torch.Tensor)
+        and isinstance(labels, torch.Tensor)
+        and preds.shape != labels.shape
+    ):
+        return None
     try:
-        os.makedirs(folder, exist_ok=True)
-        probe = os.path.join(folder, f".kerastorch-write-test-{os.getpid()}")
-        with open(probe, "wb") as f:
-            f.write(b"")
-    except OSError as error:
-        blocker = _file_in_the_way(folder)
-        why = (
-            f"{blocker!r} is a file, so it cannot hold a folder"
-            if blocker
-            else f"its folder {folder!r} cannot be written ({error.strerror})"
-        )
-        raise ValueError(
-            f"ckpt_path={os.fspath(ckpt_path)!r} cannot be written: {why}. Choose a path in a folder you "
-            "can write to, e.g. ckpt_path='runs/best.safetensors'."
-        ) from None
-    finally:
-        if probe is not None:
-            with contextlib.suppress(OSError):
-                os.remove(probe)
-
-
-def _file_in_the_way(folder: str) -> Optional[str]:
-    """The nearest existing ancestor of ``folder``, if it is a file rather than a folder."""
-    while folder and not os.path.exists(folder):
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            return None
-        folder = parent
-    return folder if os.path.isfile(folder) else None
+        broadcast = torch.broadcast_shapes(preds.shape, labels.shape)
+    except RuntimeError:
+        return None
+    if broadcast == preds.shape and broadcast == labels.shape:
+        return None
+    return (
+        f"{type(loss_fn).__name__} gets outputs of shape {tuple(preds.shape)} and labels of shape "
+        f"{tuple(labels.shape)}, which broadcast to {tuple(broadcast)}: every output is compared with every "
+        "label, and the net learns their mean. Make the shapes equal: y = y.reshape(-1, 1) for a net with one "
+        "output (or preds.squeeze(1) in forward_batch)."
+    )
 
 
 def check_first_batch(model: Any, data: Any, runtime: Any, name: str) -> None:
     """Run the first batch through the net, the loss and copies of the metrics, in eval mode and
     without gradients, so a wrong batch layout, a net/loss mismatch or a metric that does not
     fit the outputs fails before any weight changes."""
+    seen: dict = {}
 
     def forward(batch: Any) -> Any:
+        seen["batch"] = batch
         with runtime.autocast():
             return model.forward_batch(runtime.to_device(batch))
 
@@ -266,7 +290,10 @@ def check_first_batch(model: Any, data: Any, runtime: Any, name: str) -> None:
     except (BatchError, NoBatchesError):
         raise
     except Exception as error:
-        raise _wrapped(error, name) from error
+        raise _wrapped(error, name, _first_batch_hint(model, seen.get("batch"))) from error
+    mismatch = broadcast_mismatch(model.loss_fn, preds, labels)
+    if mismatch:
+        raise ValueError(f"The first batch of {name}: {mismatch}")
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise ValueError(
@@ -274,21 +301,31 @@ def check_first_batch(model: Any, data: Any, runtime: Any, name: str) -> None:
             "with reduction='mean', or return loss.mean() (or loss.squeeze() for one element) from your loss or "
             "forward_batch."
         )
-    check_metrics_on(model.metrics_dict, preds, labels, name, runtime.outputs_device)
+    check_metrics_on(model.metrics_dict, preds, labels, name, runtime.outputs_device, runtime.num_processes)
 
 
-def check_metrics_on(metrics_dict: dict, preds: Any, labels: Any, name: str, device: torch.device) -> None:
+def check_metrics_on(
+    metrics_dict: dict, preds: Any, labels: Any, name: str, device: torch.device, processes: int = 1
+) -> None:
     """Update and compute a copy of every metric on one batch: a metric that does not fit the
-    outputs (3 classes into Accuracy(num_classes=2)) fails now, not after an epoch of training."""
+    outputs (3 classes into Accuracy(num_classes=2)) fails now, not after an epoch of training.
+    Under several processes, a metric whose state is plain Python numbers (which cannot be
+    summed over processes) is refused too: it would report one process's share alone."""
     preds = metric_friendly(preds)
     for key, metric in metrics_dict.items():
+        number_states: list[str] = []
         try:
             with torch.no_grad():
                 if is_stateful_metric(metric):
                     trial = copy.deepcopy(metric)
                     if isinstance(trial, torch.nn.Module):
                         trial.to(device)
+                    trial.reset()
+                    numbers = {
+                        k: v for k, v in vars(trial).items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                    }
                     metric_update_fn(trial)(preds, labels)
+                    number_states = [k for k, v in numbers.items() if vars(trial).get(k) != v]
                     value = trial.compute()
                 else:
                     value = metric(preds, labels)
@@ -299,10 +336,50 @@ def check_metrics_on(metrics_dict: dict, preds: Any, labels: Any, name: str, dev
                 f"{type(error).__name__}: {error}. Check that it fits the net's outputs (number of classes, task) "
                 "and the labels."
             ) from error
+        if number_states and processes > 1 and not is_torchmetrics(metric):
+            raise ValueError(
+                f"Metric {key!r} keeps its state in plain Python numbers ({', '.join(number_states)}), which cannot "
+                f"be combined over the {processes} processes: it would report one process's share of the data. "
+                f"Keep the state in tensors, e.g. self.register_buffer('{number_states[0]}', torch.tensor(0.0)) or "
+                f"nn.Parameter(torch.tensor(0.0), requires_grad=False), or use a torchmetrics metric."
+            )
 
 
-def _wrapped(error: Exception, name: str) -> Exception:
-    message = f"The first batch of {name} failed in the net or the loss, before training started: {error}"
+def _first_batch_hint(model: Any, batch: Any) -> str:
+    """What usually causes a first batch to fail, when the batch shows it: the fix to try."""
+    if batch is None:
+        return ""
+    try:
+        args, kwargs, labels = split_batch(split_sample_weight(batch)[0])
+    except BatchError:
+        return ""
+    inputs = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+    weights = [p for p in model.net.parameters() if p.is_floating_point()]
+    if weights and any(t.dtype == torch.float64 for t in inputs) and weights[0].dtype == torch.float32:
+        return (
+            " The inputs are float64 but the net's weights are float32: convert the data, X.float() for tensors "
+            "or X.astype('float32') for NumPy, or train in float64 with precision='64-true'."
+        )
+    if isinstance(labels, (list, tuple)) and labels and isinstance(labels[0], str):
+        return (
+            f" The labels are strings ({labels[0]!r}, ...): map them to integers first, e.g. "
+            "classes = sorted(set(labels)); y = [classes.index(c) for c in labels]."
+        )
+    loss_fn = model.loss_fn
+    if (
+        isinstance(loss_fn, (torch.nn.BCEWithLogitsLoss, torch.nn.BCELoss))
+        and isinstance(labels, torch.Tensor)
+        and not labels.is_floating_point()
+    ):
+        return (
+            f" {type(loss_fn).__name__} needs float labels in [0, 1]: y.float() (and y.reshape(-1, 1) for a net "
+            "with one output)."
+        )
+    return ""
+
+
+def _wrapped(error: Exception, name: str, hint: str = "") -> Exception:
+    message = f"The first batch of {name} failed in the net or the loss, before training started: {error}{hint}"
     try:
         return type(error)(message)
     except Exception:  # an exception type that takes other arguments

@@ -27,6 +27,7 @@ from torch import nn
 from torch.utils.data import DataLoader, SequentialSampler
 
 from .batches import split_batch, split_sample_weight
+from .checks import broadcast_mismatch
 from .data import FitData, prepare_data, rng_untouched, training_labels
 from .protocols import TrainableModel
 from .runtime import Runtime, runtime_for_net
@@ -36,7 +37,6 @@ from .snapshot import training_snapshot
 SEVERITIES = ("error", "warning", "info")
 CLASSIFICATION_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss)
 LOGIT_LOSSES = (nn.CrossEntropyLoss, nn.BCEWithLogitsLoss)
-REGRESSION_LOSSES = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,23 +241,10 @@ def labels_in_range(patient: Patient) -> list[Finding]:
                     "number the classes from 0 (y = y - y.min()).",
                 )
             ]
-    if isinstance(loss_fn, REGRESSION_LOSSES) and preds.shape != labels.shape:
-        try:
-            broadcast = torch.broadcast_shapes(preds.shape, labels.shape)
-        except RuntimeError:
-            return []
-        if broadcast != preds.shape or broadcast != labels.shape:
-            return [
-                Finding(
-                    "labels_in_range",
-                    "error",
-                    f"{_loss_name(loss_fn)} gets outputs of shape {tuple(preds.shape)} and labels of shape "
-                    f"{tuple(labels.shape)}, which broadcast to {tuple(broadcast)}: every output is compared "
-                    "with every label, and the net learns their mean.",
-                    "Make the shapes equal: y = y.reshape(-1, 1) for a net with one output, or "
-                    "preds.squeeze(1) in forward_batch.",
-                )
-            ]
+    mismatch = broadcast_mismatch(loss_fn, preds, labels)
+    if mismatch:
+        problem, fix = mismatch.split(" Make the shapes equal: ")
+        return [Finding("labels_in_range", "error", problem, "Make the shapes equal: " + fix)]
     if isinstance(loss_fn, (nn.BCEWithLogitsLoss, nn.BCELoss)) and not labels.is_floating_point():
         return [
             Finding(

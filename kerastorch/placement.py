@@ -40,7 +40,8 @@ def place_model(
             UserWarning,
             stacklevel=4,
         )
-        target = runtime.param_dtype = torch.float32
+        target = torch.float32
+        runtime.set_param_dtype(target)  # float64 inputs are cast too, so the converted net can take them
     net.to(device=runtime.device if move_net else None, dtype=target)
     if isinstance(loss_fn, nn.Module):
         loss_fn.to(device=runtime.device, dtype=target)  # a class-weight tensor must match the outputs' dtype

@@ -135,6 +135,12 @@ def train_with_callbacks(
     model.step_runner = steps  # what model.backward / model.optimizer_step use inside train_step
     callbacks.call("on_train_begin", {})
     rows.extend(resumed_history(callbacks))
+    if len(rows) > settings.epochs:  # the saved run went further than asked: show the epochs asked for
+        model.print(
+            f"The training state holds {len(rows)} epochs; epochs={settings.epochs} returns the first "
+            f"{settings.epochs} rows (the weights are the best of all {len(rows)})."
+        )
+        del rows[settings.epochs :]
     try:
         if not model.stop_training:  # a resumed run that had already stopped early stays stopped
             fit_loop(
@@ -175,7 +181,13 @@ def callbacks_for_fit(
     says = int(output.verbose > 0)
     chosen: list[Any] = [
         TerminateOnNaN(verbose=says),
-        RestoreBestWeights(watch.monitor, watch.mode, watch.min_delta, ckpt_path=watch.ckpt_path),
+        RestoreBestWeights(
+            watch.monitor,
+            watch.mode,
+            watch.min_delta,
+            ckpt_path=watch.ckpt_path,
+            stale_state=training_state_path(watch.ckpt_path) if watch.ckpt_path and not watch.resume else None,
+        ),
     ]
     if watch.patience is not None:
         chosen.append(EarlyStopping(watch.monitor, watch.mode, watch.patience, watch.min_delta, verbose=says))

@@ -74,6 +74,11 @@ class Runtime:
         self.moves_batches = self.device.type != "cpu" or self.param_dtype is not None
         self._no_autocast = contextlib.nullcontext()  # reusable, so the plain step builds nothing
 
+    def set_param_dtype(self, dtype: Optional[torch.dtype]) -> None:
+        """The dtype floating inputs are cast to (placement may decide it after the runtime is built)."""
+        self.param_dtype = dtype
+        self.moves_batches = self.device.type != "cpu" or dtype is not None
+
     def autocast(self):
         if self.autocast_dtype is None:
             return self._no_autocast

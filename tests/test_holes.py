@@ -182,3 +182,205 @@ def test_ctrl_c_in_the_first_epoch_gives_back_the_starting_weights(capsys):
     assert len(history) == 0
     assert "0 finished epoch(s) with the weights from before training restored" in capsys.readouterr().out
     assert unchanged(model, before) and model.net.training
+
+
+def test_a_float64_net_on_float64_data_trains_and_so_does_fit_after_64_true():
+    x, y = data()
+    x64 = x.double()
+    model = make_model()
+    model.net.double()
+    with pytest.warns(UserWarning, match="converted to float32"):
+        history = model.fit(DataLoader(TensorDataset(x64, y), batch_size=16), epochs=1, verbose=0)
+    assert len(history) == 1
+    model.fit(DataLoader(TensorDataset(x64, y), batch_size=16), epochs=1, verbose=0, precision="64-true")
+    with pytest.warns(UserWarning, match="converted to float32"):
+        model.fit(DataLoader(TensorDataset(x64, y), batch_size=16), epochs=1, verbose=0)
+
+
+def test_batchnorm_with_a_last_batch_of_one_is_refused_with_drop_last():
+    x, y = data(n=33)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
+    model = kt.KerasModel(net, nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match="last batch of every epoch holds a single sample.*drop_last=True"):
+        model.fit(DataLoader(TensorDataset(x, y), batch_size=16), epochs=1, verbose=0)
+    history = model.fit(DataLoader(TensorDataset(x, y), batch_size=16, drop_last=True), epochs=1, verbose=0)
+    assert len(history) == 1
+
+
+@pytest.mark.filterwarnings("ignore:Using a target size")
+def test_mse_with_shapes_that_broadcast_is_refused_with_the_shapes():
+    x, _ = data()
+    model = make_model(loss_fn=nn.MSELoss(), outputs=1)
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=r"outputs of shape \(16, 1\) and labels of shape \(16,\).*\(16, 16\)"):
+        model.fit(DataLoader(TensorDataset(x, x.sum(1)), batch_size=16), epochs=1, verbose=0)
+    assert unchanged(model, before)
+
+
+def test_gradients_switched_off_float64_inputs_string_and_integer_labels_say_the_fix():
+    x, y = data()
+    model = make_model()
+    with torch.no_grad(), pytest.raises(RuntimeError, match="Gradients are switched off.*set_grad_enabled"):
+        model.fit(DataLoader(TensorDataset(x, y), batch_size=16), epochs=1, verbose=0)
+    with pytest.raises(RuntimeError, match="inputs are float64 but the net's weights are float32.*X.float()"):
+        model.fit(DataLoader(TensorDataset(x.double(), y), batch_size=16), epochs=1, verbose=0)
+    words = [("cat", "dog", "bird")[i] for i in y.tolist()]
+    strings = DataLoader(list(zip(x, words)), batch_size=16)
+    with pytest.raises(Exception, match="labels are strings \\('"):
+        model.fit(strings, epochs=1, verbose=0)
+    binary = make_model(loss_fn=nn.BCEWithLogitsLoss(), outputs=1)
+    with pytest.raises(RuntimeError, match=r"BCEWithLogitsLoss needs float labels in \[0, 1\]: y.float\(\)"):
+        binary.fit(DataLoader(TensorDataset(x, (y > 0).long().unsqueeze(1)), batch_size=16), epochs=1, verbose=0)
+
+
+def test_numpy_integers_are_whole_numbers_and_unoptimized_parameters_are_named():
+    import numpy as np
+
+    x, y = data()
+    model = make_model()
+    history = model.fit(
+        DataLoader(TensorDataset(x, y), batch_size=16), epochs=np.int64(2), patience=np.int32(3), verbose=0
+    )
+    assert len(history) == 2
+    model.net.add_module("extra", nn.Linear(3, 3))  # added after the optimizer was built
+    with pytest.warns(UserWarning, match="does not update 2 of the net's trainable parameters: extra.weight"):
+        model.fit(DataLoader(TensorDataset(x, y), batch_size=16), epochs=1, verbose=0)
+
+
+def test_model_checkpoint_folders_are_checked_before_training(tmp_path):
+    x, y = data()
+    blocker = tmp_path / "file"
+    blocker.write_text("in the way")
+    model = make_model()
+    before = snapshot(model)
+    with pytest.raises(ValueError, match="cannot be written"):
+        model.fit(
+            DataLoader(TensorDataset(x, y), batch_size=16),
+            epochs=1,
+            verbose=0,
+            callbacks=[kt.callbacks.ModelCheckpoint(str(blocker / "ckpt" / "e{epoch}.safetensors"))],
+        )
+    assert unchanged(model, before)
+
+
+class PythonNumbers(nn.Module):
+    """torchkeras-style, but the counts are plain Python numbers: not summable over processes."""
+
+    def forward(self, preds, labels):
+        self.correct += int((preds.argmax(1) == labels).sum())
+        self.total += len(labels)
+
+    def compute(self):
+        return torch.tensor(self.correct / max(self.total, 1))
+
+    def reset(self):
+        self.correct, self.total = 0, 0
+
+
+@pytest.mark.slow
+def test_a_metric_with_python_number_state_is_refused_under_two_processes():
+    x, y = data()
+    metric = PythonNumbers()
+    metric.reset()
+    model = make_model({"acc": metric})
+    with pytest.raises(ValueError, match="plain Python numbers \\(correct, total\\).*register_buffer"):
+        model.fit(DataLoader(TensorDataset(x, y), batch_size=16), epochs=1, accelerator="cpu", devices=2, verbose=0)
+    assert (
+        len(make_model({"acc": metric}).fit(DataLoader(TensorDataset(x, y), batch_size=16), epochs=1, verbose=0)) == 1
+    )  # one process: exact, allowed
+
+
+def test_structured_outputs_reach_the_loss_metrics_and_predict_with_their_type():
+    from collections import OrderedDict, namedtuple
+
+    Out = namedtuple("Out", ["logits", "aux"])
+
+    class ModelOutput(OrderedDict):  # the shape of Hugging Face outputs: a dict with attributes
+        def __getattr__(self, name):
+            return self[name]
+
+    class Twin(nn.Module):
+        def __init__(self, kind):
+            super().__init__()
+            self.body, self.kind = nn.Linear(4, 3), kind
+
+        def forward(self, x):
+            logits = self.body(x)
+            return Out(logits, logits.sum(1)) if self.kind == "tuple" else ModelOutput(logits=logits, aux=logits.sum(1))
+
+    x, y = data()
+    for kind, expected in (("tuple", Out), ("dict", ModelOutput)):
+        torch.manual_seed(0)
+        net = Twin(kind)
+        seen = []
+        model = kt.KerasModel(
+            net,
+            lambda out, labels: nn.functional.cross_entropy(out.logits, labels),
+            {
+                "acc": lambda out, labels, seen=seen: (
+                    seen.append(type(out)) or (out.logits.argmax(1) == labels).float().mean()
+                )
+            },
+        )
+        history = model.fit(DataLoader(TensorDataset(x, y), batch_size=16), epochs=2, verbose=0)
+        assert len(history) == 2 and set(seen) == {expected}
+        predicted = model.predict(DataLoader(TensorDataset(x), batch_size=16))
+        assert type(predicted) is expected and predicted.logits.shape == (96, 3)
+
+
+def test_a_crafted_state_cannot_make_model_checkpoint_delete_other_files(tmp_path):
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me")
+    checkpoint = kt.callbacks.ModelCheckpoint(str(tmp_path / "ckpt" / "e{epoch}.safetensors"), keep_last=1)
+    with pytest.raises(ValueError, match="outside this ModelCheckpoint's folder"):
+        checkpoint.load_state_dict({"best": None, "best_epoch": None, "saved_paths": [str(victim)]})
+    checkpoint.saved_paths = [str(victim)]
+    checkpoint._remember(str(tmp_path / "ckpt" / "e2.safetensors"))
+    assert victim.read_text() == "keep me"
+
+
+def test_resume_refuses_other_metrics_returns_at_most_epochs_rows_and_the_state_goes_when_resume_is_off(tmp_path):
+    x, y = data()
+    ckpt = tmp_path / "best.safetensors"
+    train, val = DataLoader(TensorDataset(x, y), batch_size=16), DataLoader(TensorDataset(x, y), batch_size=32)
+    make_model({"acc": accuracy}).fit(train, val, epochs=3, verbose=0, ckpt_path=ckpt, resume=True)
+    with pytest.raises(ValueError, match=r"saved with the metrics \['acc'\], but this run has \[\]"):
+        make_model().fit(train, val, epochs=4, verbose=0, ckpt_path=ckpt, resume=True)
+    shorter = make_model({"acc": accuracy}).fit(train, val, epochs=2, verbose=0, ckpt_path=ckpt, resume=True)
+    assert shorter["epoch"].tolist() == [1, 2]
+    state = tmp_path / "best.safetensors.state"
+    assert state.exists()
+    make_model({"acc": accuracy}).fit(train, val, epochs=1, verbose=0, ckpt_path=ckpt, resume=False)
+    assert not state.exists()  # the new run's best weights replaced the ones that state belonged to
+
+
+def test_a_reused_early_stopping_forgets_the_previous_fit_and_a_symlinked_ckpt_is_written_through(tmp_path):
+    x, y = data()
+    train = DataLoader(TensorDataset(x, y), batch_size=16)
+    stopper = kt.callbacks.EarlyStopping("train_loss", patience=2)
+    make_model().fit(train, epochs=3, verbose=0, patience=None, callbacks=[stopper])
+    stopper.best = -1.0  # as if the previous fit had reached an unbeatable loss
+    history = make_model().fit(train, epochs=3, verbose=0, patience=None, callbacks=[stopper])
+    assert len(history) == 3 and stopper.best > 0
+
+    target = tmp_path / "real.safetensors"
+    link = tmp_path / "link.safetensors"
+    link.symlink_to(target)
+    make_model().fit(train, epochs=1, verbose=0, ckpt_path=link)
+    assert link.is_symlink() and target.is_file()
+
+
+def test_a_csv_log_of_a_resumed_run_has_each_epoch_once(tmp_path):
+    import pandas as pd
+
+    x, y = data()
+    train = DataLoader(TensorDataset(x, y), batch_size=16)
+    ckpt, log = tmp_path / "best.safetensors", tmp_path / "log.csv"
+    make_model().fit(train, epochs=2, verbose=0, ckpt_path=ckpt, resume=True, callbacks=[kt.callbacks.CSVLogger(log)])
+    with open(log, "a") as f:  # a kill after the log's write of epoch 3 but before the state's
+        f.write("3,0.5,0.1\n")
+    make_model().fit(
+        train, epochs=4, verbose=0, ckpt_path=ckpt, resume=True, callbacks=[kt.callbacks.CSVLogger(log, append=True)]
+    )
+    assert pd.read_csv(log)["epoch"].tolist() == [1, 2, 3, 4]

@@ -34,9 +34,11 @@ class RestoreBestWeights(MonitorCallback):
         min_delta: float = 0.0,
         ckpt_path: Optional[Union[str, os.PathLike]] = None,
         verbose: int = 0,
+        stale_state: Optional[str] = None,
     ):
         super().__init__(monitor, mode, min_delta)
         self.ckpt_path = ckpt_path
+        self.stale_state = stale_state  # an old run's training state, removed when this run first writes ckpt_path
         self.verbose = verbose
         self.best_weights: Optional[dict] = None
         self.initial_weights: Optional[dict] = None  # the fallback when training breaks before any best
@@ -44,7 +46,7 @@ class RestoreBestWeights(MonitorCallback):
 
     def on_train_begin(self, logs=None):
         self.initial_weights = cpu_state_dict(self.model.net)
-        self.broke = False
+        self.best, self.best_epoch, self.best_weights, self.broke = None, None, None, False
 
     def on_epoch_end(self, epoch, logs=None):
         # An epoch with a NaN or infinite loss is never the best, whatever the monitored metric says.
@@ -56,6 +58,10 @@ class RestoreBestWeights(MonitorCallback):
         self.best_weights = cpu_state_dict(self.model.net)
         if self.ckpt_path and self.model.is_main_process:
             save_weights(self.best_weights, self.ckpt_path)
+            if self.stale_state and os.path.isfile(self.stale_state):
+                # resume=False: the old run's state belongs to the weights just replaced; it would resume wrongly.
+                os.remove(self.stale_state)
+            self.stale_state = None
         if self.verbose:
             self.model.print(f"New best {self.monitor}={self.best:.6g} at epoch {epoch}.")
 

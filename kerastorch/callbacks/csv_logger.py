@@ -6,6 +6,7 @@ import csv
 import os
 from typing import IO, Optional, Union
 
+from ..checkpoint import atomic_write
 from .base import Callback
 
 
@@ -54,6 +55,8 @@ class CSVLogger(Callback):
         if not self.model.is_main_process:
             return
         if self._writer is None:
+            if self.append and epoch > 1:  # a resumed run: rows of this epoch on (written before a kill) go
+                self._drop_rows_from(epoch)
             names = self.params.get("metrics")  # every column, also those an epoch may lack (not validated)
             self._open(["epoch", *names] if names else list(logs))
         self._writer.writerow(logs)
@@ -76,6 +79,25 @@ class CSVLogger(Callback):
         )
         if write_header:
             self._writer.writeheader()
+
+    def _drop_rows_from(self, epoch: int) -> None:
+        """Rewrite the file (atomically) without the latest run's rows of ``epoch`` and later."""
+        if self._existing_header() is None:
+            return
+        with open(self.filename, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f, delimiter=self.separator))
+        # Only the latest run in the file (from its last epoch-1 row on) is the one being resumed.
+        starts = [i for i, row in enumerate(rows) if i and row and row[0] == "1"]
+        latest = starts[-1] if starts else 1
+        kept = rows[:latest] + [row for row in rows[latest:] if row and row[0].isdigit() and int(row[0]) < epoch]
+        if len(kept) == len(rows):
+            return
+
+        def write(tmp: str) -> None:
+            with open(tmp, "w", newline="", encoding="utf-8") as out:
+                csv.writer(out, delimiter=self.separator).writerows(kept)
+
+        atomic_write(self.filename, write)
 
     def _existing_header(self) -> Optional[list[str]]:
         """The header of a non-empty file to append to, or None when there is none."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Optional
 
 from .base import ORDER_EARLY_STOPPING
@@ -26,17 +27,19 @@ class EarlyStopping(MonitorCallback):
         self, monitor: str = "val_loss", mode: str = "min", patience: int = 5, min_delta: float = 0.0, verbose: int = 1
     ):
         super().__init__(monitor, mode, min_delta)
-        if not isinstance(patience, int) or isinstance(patience, bool) or patience < 0:
+        if not isinstance(patience, numbers.Integral) or isinstance(patience, bool) or patience < 0:
             raise ValueError(
                 f"patience={patience!r} must be a whole number of epochs >= 0 (or None in fit to never stop early)."
             )
-        self.patience = patience
+        self.patience = int(patience)
         self.verbose = verbose
         self.wait = 0
         self.stopped_epoch: Optional[int] = None
 
     def on_train_begin(self, logs=None):
         self.check_monitor_is_logged()
+        # A reused instance must not compare with the previous fit's best (Keras resets it too).
+        self.best, self.best_epoch = None, None
         self.wait = 0
         self.stopped_epoch = None
 

@@ -6,7 +6,7 @@ import os
 import string
 from typing import Optional, Union
 
-from ..checkpoint import cpu_state_dict, save_weights
+from ..checkpoint import check_writable, cpu_state_dict, save_weights
 from .monitor import MonitorCallback
 
 
@@ -67,8 +67,12 @@ class ModelCheckpoint(MonitorCallback):
         self.saved_paths: list[str] = []  # oldest first; only what this callback wrote
 
     def on_train_begin(self, logs=None):
+        # A reused callback starts each run afresh (a resumed run gets its state back afterwards).
+        self.best, self.best_epoch, self.saved_paths = None, None, []
         if self.save_best_only:
             self.check_monitor_is_logged()
+        if self.model.is_main_process:
+            check_writable(os.path.join(self.folder, "checkpoint.safetensors"))
         names = self.params.get("metrics")
         unknown = [f for f in self.fields if names is not None and f != "epoch" and f not in names]
         if unknown:
@@ -96,15 +100,36 @@ class ModelCheckpoint(MonitorCallback):
         self.saved_paths.append(path)
         while self.keep_last is not None and len(self.saved_paths) > self.keep_last:
             oldest = self.saved_paths.pop(0)
-            if os.path.exists(oldest):
+            if self.is_own(oldest) and os.path.isfile(oldest):  # never anything outside this callback's folder
                 os.remove(oldest)
+
+    @property
+    def folder(self) -> str:
+        """The fixed folder of ``filepath`` (before any ``{field}``): where every file this callback writes lies."""
+        fixed = self.filepath.split("{", 1)[0]
+        return os.path.dirname(os.path.abspath(fixed if "{" in self.filepath else self.filepath))
+
+    def is_own(self, path: str) -> bool:
+        """True for a path inside :attr:`folder` that ``filepath`` could have produced (suffix included)."""
+        real, folder = os.path.realpath(path), os.path.realpath(self.folder)
+        suffix = os.path.splitext(self.filepath)[1]
+        return os.path.commonpath([real, folder]) == folder and real != folder and real.endswith(suffix)
 
     def state_dict(self):
         return {**super().state_dict(), "saved_paths": list(self.saved_paths)}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        self.saved_paths = list(state["saved_paths"])
+        paths = [str(p) for p in state["saved_paths"]]
+        foreign = [p for p in paths if not self.is_own(p)]
+        if foreign:
+            # A crafted or foreign training state must not make keep_last delete other files.
+            raise ValueError(
+                f"The training state names checkpoint files outside this ModelCheckpoint's folder {self.folder!r} "
+                f"(e.g. {foreign[0]!r}); it was not written by this callback, so it is not trusted. Delete the "
+                "state file to start fresh, or pass resume=False."
+            )
+        self.saved_paths = paths
 
 
 def template_fields(template: str) -> list[str]:

@@ -17,7 +17,9 @@ The file is written atomically (a kill leaves the previous epoch's file, never h
 file), only by the main process, and read without running code stored in it. An epoch
 whose loss is NaN or infinite is not written, so the state stays at the last good epoch.
 A finished run keeps its state: running it again returns at once with its history and
-best weights, and a larger ``epochs`` trains on from where it ended. Delete the file, or
+best weights, and a larger ``epochs`` trains on from where it ended.
+Not covered: random generators a Dataset keeps as its own attributes, and those of
+DataLoader workers kept alive across epochs (``persistent_workers=True``, warned about). Delete the file, or
 pass ``resume=False``, to train from scratch.
 
 Example::
@@ -31,6 +33,7 @@ from __future__ import annotations
 import glob
 import math
 import os
+import warnings
 from typing import Any, Iterable, Optional
 
 from ..checkpoint import cpu_state_dict, unwrap
@@ -85,10 +88,13 @@ class TrainingState(Callback):
             remove_stale_temporary_files(self.path)
             remove_stale_temporary_files(self.path.removesuffix(".state"))
         self.check_serializable()
+        if self.resume:
+            warn_if_workers_keep_their_rng(self.loaders)
         if self.resume and os.path.exists(self.path):
             state = load_state_file(self.path)
             check_state_fits(state, self.model, self.path)
             check_same_monitors(state, self.callbacks, self.path)
+            check_same_metrics(state, self.params.get("metrics"), self.path)
             self.restore(state)
             if self.verbose:
                 self.model.print(f"Resuming after epoch {state['epoch']} from the training state in {self.path!r}.")
@@ -221,6 +227,34 @@ def check_state_fits(state: dict, model: Any, path: str) -> None:
             f"The training state in {path!r} is inconsistent (its history does not end at its epoch). "
             "Delete it to start fresh, or pass resume=False."
         )
+
+
+def check_same_metrics(state: dict, names: Optional[list], path: str) -> None:
+    """A resumed run must log the metrics the saved one logged: the history's columns would mix."""
+    if names is None or not state.get("history"):
+        return
+    saved = {k for row in state["history"] for k in row if k.startswith("train_") and k != "train_loss"}
+    current = {k for k in names if k.startswith("train_") and k != "train_loss"}
+    if saved != current:
+        raise ValueError(
+            f"The training state in {path!r} was saved with the metrics {sorted(m[6:] for m in saved)}, but this run "
+            f"has {sorted(m[6:] for m in current)}: the history would mix columns. Resume with the same metrics_dict, "
+            "or delete the state file (or pass resume=False) to start fresh."
+        )
+
+
+def warn_if_workers_keep_their_rng(loaders: Iterable[Any]) -> None:
+    """DataLoader workers that outlive an epoch keep random states this file does not hold."""
+    for loader in loaders:
+        if getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0) > 0:
+            warnings.warn(
+                "resume=True with DataLoader(persistent_workers=True): the worker processes keep their own random "
+                "state across epochs, which the training state cannot save, so random augmentations in a resumed "
+                "run differ from the uninterrupted one. Use persistent_workers=False for a bit-exact resume.",
+                UserWarning,
+                stacklevel=3,
+            )
+            return
 
 
 def monitored_values(callbacks: Iterable[Any]) -> dict[str, list]:
