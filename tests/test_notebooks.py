@@ -116,3 +116,13 @@ def test_quick_start_draws_one_live_plot_and_two_reused_bars(executed):
     for source in ("dfhistory.plot(", "kt.plot_history("):
         (cell,) = code_cells_with(notebook, source)
         assert "image/png" in mime_types(cell)
+
+
+def test_callbacks_tutorial_writes_its_files_in_a_fresh_folder_so_it_can_run_twice():
+    # A state file left by an earlier Run All in the same folder would make the resume=True
+    # section resume instead of showing the stop; a fresh folder per run keeps the story the same.
+    notebook = nbformat.read(next(p for p in NOTEBOOKS if p.name.startswith("04_")), as_version=4)
+    first_code = next(cell for cell in notebook.cells if cell.cell_type == "code")
+    assert "os.chdir(tempfile.mkdtemp(" in first_code.source
+    writes_files = [cell for cell in notebook.cells if cell.cell_type == "code" and "ckpt_path=" in cell.source]
+    assert writes_files and notebook.cells.index(first_code) < notebook.cells.index(writes_files[0])
