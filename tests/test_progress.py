@@ -119,3 +119,10 @@ def test_the_bar_reads_the_device_only_when_it_redraws(loaders, monkeypatch, min
 def test_unknown_style_is_refused():
     with pytest.raises(ValueError, match="style='fancy'.*'auto', 'notebook', 'terminal', 'lines'"):
         ProgressBar(style="fancy")
+
+
+def test_the_last_line_names_the_restored_epoch_and_its_monitored_value(loaders, capsys):
+    dfhistory = small_model().fit(*loaders, epochs=3, patience=None, monitor="val_acc", mode="max")
+    best = dfhistory.loc[dfhistory["val_acc"].idxmax()]
+    last_line = capsys.readouterr().out.splitlines()[-1]
+    assert last_line == f"Restored the weights of epoch {int(best['epoch'])} (val_acc {best['val_acc']:.4f}, the best)."

@@ -68,6 +68,11 @@ class RestoreBestWeights(MonitorCallback):
     def on_train_end(self, logs=None):
         if self.best_weights is not None:
             unwrap(self.model.net).load_state_dict(self.best_weights)
+            # Said once, so a reader knows which weights the net holds now (not the last epoch's).
+            if (self.params or {}).get("verbose"):
+                self.model.print(
+                    f"Restored the weights of epoch {self.best_epoch} ({self.monitor} {self.best:.4f}, the best)."
+                )
         elif self.initial_weights is not None and (self.broke or (not logs and self.params.get("epochs"))):
             # NaN before any best, or stopped (Ctrl-C) before the first epoch ended: never half-trained weights.
             unwrap(self.model.net).load_state_dict(self.initial_weights)
