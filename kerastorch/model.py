@@ -118,6 +118,7 @@ class KerasModel(ModelParts):
         validation_freq: int = 1,
         weighted_metrics: Optional[dict] = None,
         doctor: bool = False,
+        compile: Union[bool, str, dict] = False,
     ) -> pd.DataFrame:
         """Train for ``epochs`` epochs and return the history, one row per epoch.
 
@@ -186,6 +187,9 @@ class KerasModel(ModelParts):
             weighted_metrics: ``{name: f(preds, labels)}`` averaged with the sample weights
                 (``sum w_i * m_i / sum w_i``; ``f`` returns one value per sample, or per batch),
                 logged as ``train_<name>`` / ``val_<name>``; ``metrics_dict``'s metrics stay unweighted.
+            compile: ``True`` runs the net through ``torch.compile`` for this fit (a dict is passed to
+                it, ``"strict"`` raises instead of warning when compiling fails); checkpoints keep the
+                module's own keys and ``net`` is your module object again afterwards.
             doctor: run :meth:`doctor` first; print its report, and on an error stop before
                 training (:class:`~kerastorch.doctor.DoctorError`).
 
@@ -229,6 +233,7 @@ class KerasModel(ModelParts):
             gradient_clip_val=gradient_clip_val,
             gradient_clip_algorithm=gradient_clip_algorithm,
             data=data_settings,
+            compile=compile,
         )
         settings = dataclasses.replace(settings, doctor=doctor, weighted_metrics=weighted_metrics)
         if mode == "auto":

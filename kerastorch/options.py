@@ -109,6 +109,33 @@ def parse_strategy(strategy: Any = "auto") -> str:
     )
 
 
+def parse_compile(compile: Any = False) -> Optional[dict]:
+    """Return the keyword arguments for ``torch.compile``, or None when the net runs eagerly.
+
+    ``True`` compiles with torch's defaults, a dict is passed to ``torch.compile``, and
+    ``"strict"`` adds ``{"strict": True}``: a failure to compile raises instead of warning.
+
+    >>> parse_compile(False) is None
+    True
+    >>> parse_compile({"mode": "reduce-overhead"})
+    {'mode': 'reduce-overhead'}
+    >>> parse_compile("strict")
+    {'strict': True}
+    """
+    if compile is False or compile is None:
+        return None
+    if compile is True:
+        return {}
+    if isinstance(compile, str) and compile.strip().lower() == "strict":
+        return {"strict": True}
+    if isinstance(compile, dict) and all(isinstance(key, str) for key in compile):
+        return dict(compile)
+    raise ValueError(
+        f"compile={compile!r} is not understood; expected True, False, 'strict' or a dict of "
+        "torch.compile arguments such as {'mode': 'max-autotune'}."
+    )
+
+
 _DEVICES_ACCEPTED = (
     "an int k (the first k devices), -1 (all), a list of indices like [0, 2], "
     "or a string: '2' (the first 2), '-1' (all), '0, 2' or '2,' (those indices), 'auto'"

@@ -30,6 +30,7 @@ from .callbacks.training_state import TrainingState, resumed_history, training_s
 from .callbacks.wandb_logger import WandbLogger
 from .checkpoint import cpu_state_dict, unwrap
 from .checks import check_first_batch, check_fit
+from .compiling import compiled_net
 from .data import FitData, num_batches, per_process_training_data, prepare_data, training_labels
 from .distributed import process_share
 from .doctor import check_before_fit
@@ -98,7 +99,8 @@ def fit_here(
         check_first_batch(model, train_data, runtime, "train_data")
         if val_data is not None:
             check_first_batch(model, val_data, runtime, "val_data")
-        with process_share(model, runtime, train_data, val_data) as (train_loader, val_loader):
+        sharing = process_share(model, runtime, train_data, val_data)
+        with sharing as (train_loader, val_loader), compiled_net(model, settings.devices.compile):
             train_loader = per_process_training_data(train_loader, settings.data, class_weights)
             if not runtime.is_main_process:  # one process prints, draws and logs
                 settings = dataclasses.replace(settings, output=settings.output.silenced())

@@ -12,7 +12,7 @@ import dataclasses
 import os
 from typing import Any, Optional, Sequence, Union
 
-from .options import parse_accelerator_word, parse_precision, parse_strategy
+from .options import parse_accelerator_word, parse_compile, parse_precision, parse_strategy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +49,7 @@ class DeviceSettings:
     devices: Any = "auto"
     precision: str = "32-true"
     strategy: str = "auto"
+    compile: Optional[dict] = None  # torch.compile's arguments, or None to run eagerly
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +123,7 @@ def fit_settings(
     gradient_clip_val: Any,
     gradient_clip_algorithm: Any,
     data: Optional[DataSettings] = None,
+    compile: Any = False,
 ) -> FitSettings:
     """Group ``fit``'s keywords. Words are parsed here; numbers are checked by :mod:`kerastorch.checks`."""
     if quiet is not None:  # torchkeras's quiet=True is verbose=0
@@ -137,6 +139,7 @@ def fit_settings(
             devices,
             parse_precision(precision, mixed_precision),
             parse_strategy(strategy),
+            parse_compile(compile),
         ),
         step=StepSettings(
             gradient_accumulation_steps, gradient_clip_val, gradient_clip_algorithm, scheduler_interval, monitor
