@@ -291,6 +291,31 @@ def check_first_batch(model: Any, data: Any, runtime: Any, name: str) -> None:
         raise
     except Exception as error:
         raise _wrapped(error, name, _first_batch_hint(model, seen.get("batch"))) from error
+    check_first_outputs(model, loss, preds, labels, runtime, name)
+
+
+def checked_first_step(model: Any, batch: Any, runtime: Any) -> tuple[torch.Tensor, Any, Any]:
+    """The default ``train_step`` on the run's first training batch, with :func:`check_first_batch`'s
+    checks between the forward pass and the backward: they cost no pass of their own, and a
+    failure still comes before any weight changes. (The forward pass in train mode has moved
+    BatchNorm's running statistics by then: a run that ends before its first epoch does gets
+    the weights and buffers from before training back from ``RestoreBestWeights``.)"""
+    try:
+        with runtime.autocast():
+            loss, preds, labels = model.forward_batch(batch)
+    except BatchError:
+        raise
+    except Exception as error:
+        raise _wrapped(error, "train_data", _first_batch_hint(model, batch)) from error
+    check_first_outputs(model, loss, preds, labels, runtime, "train_data")
+    model.backward(loss)
+    model.optimizer_step()
+    return loss, preds, labels
+
+
+def check_first_outputs(model: Any, loss: Any, preds: Any, labels: Any, runtime: Any, name: str) -> None:
+    """The loss is one number, outputs and labels do not broadcast into each other, and every
+    metric takes the outputs: checked on the first batch, before any weight changes."""
     mismatch = broadcast_mismatch(model.loss_fn, preds, labels)
     if mismatch:
         raise ValueError(f"The first batch of {name}: {mismatch}")

@@ -391,6 +391,11 @@ class KerasModel(ModelParts):
         self.optimizer_step()
         return loss, preds, labels
 
+    @property
+    def uses_default_train_step(self) -> bool:
+        """True unless a subclass overrides :meth:`train_step` (fit then checks the first batch inside it)."""
+        return type(self).train_step is KerasModel.train_step
+
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of a batch's loss, inside :meth:`train_step` (scaled and accumulated as fit was asked)."""
         self._running_step("backward").backward(loss)

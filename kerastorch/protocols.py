@@ -32,6 +32,9 @@ class TrainableModel(Protocol):
 
     def train_step(self, batch: Any) -> tuple[torch.Tensor, Any, Any]: ...
 
+    @property
+    def uses_default_train_step(self) -> bool: ...
+
     def print(self, *args: Any) -> None: ...
 
 

@@ -96,7 +96,12 @@ def fit_here(
     model.runtime = runtime
     try:
         place_parts(model, runtime)
-        check_first_batch(model, train_data, runtime, "train_data")
+        # One process and the default train_step: the training batch is checked inside the
+        # real first step, at no cost. Otherwise by a pass of its own, before any process
+        # starts training (a check failing on one rank alone would leave the others waiting).
+        checks_ride_on_first_step = runtime.num_processes == 1 and model.uses_default_train_step
+        if not checks_ride_on_first_step:
+            check_first_batch(model, train_data, runtime, "train_data")
         if val_data is not None:
             check_first_batch(model, val_data, runtime, "val_data")
         sharing = process_share(model, runtime, train_data, val_data)
@@ -111,7 +116,7 @@ def fit_here(
                 )
                 for stage in ("train", "val")
             }
-            steps = StepRunner(model, runtime, settings.step, callbacks)
+            steps = StepRunner(model, runtime, settings.step, callbacks, checks_ride_on_first_step)
             if settings.output.verbose:
                 watch = settings.monitoring
                 chosen = f"{watch.mode}, from its name" if watch.mode_was_auto else watch.mode

@@ -21,6 +21,7 @@ from typing import Any, Optional
 import torch
 
 from .callbacks.callback_list import CallbackList
+from .checks import checked_first_step
 from .protocols import TrainableModel
 from .runtime import Runtime
 from .settings import StepSettings
@@ -31,7 +32,14 @@ _UPDATE_NOW = contextlib.nullcontext()  # reusable: entering it does nothing
 class StepRunner:
     """The optimizer-step machinery of one run: accumulation, scaling, clipping, scheduling, hooks."""
 
-    def __init__(self, model: TrainableModel, runtime: Runtime, settings: StepSettings, callbacks: CallbackList):
+    def __init__(
+        self,
+        model: TrainableModel,
+        runtime: Runtime,
+        settings: StepSettings,
+        callbacks: CallbackList,
+        check_first_step: bool = False,
+    ):
         self.model = model
         self.runtime = runtime
         self.settings = settings
@@ -47,6 +55,9 @@ class StepRunner:
         self._after_backward = callbacks.wants("on_after_backward")
         self._before_optimizer_step = callbacks.wants("on_before_optimizer_step")
         self._after_optimizer_step = callbacks.wants("on_after_optimizer_step")
+        # fit's first-batch checks ride on the real first step (the default train_step, one
+        # process) instead of a forward pass of their own: see checks.checked_first_step.
+        self._check_first_step = check_first_step
 
     # -- called by the loop --------------------------------------------------------------
 
@@ -64,7 +75,11 @@ class StepRunner:
         self.updates_now = self._waiting == self.accumulate or batch_index + 1 == self._num_batches
         # Under DDP, gradients are all-reduced only on the batch that ends a group.
         with _UPDATE_NOW if self.updates_now else self.runtime.no_sync(self.model.net):
-            outputs = self.model.train_step(batch)
+            if self._check_first_step:
+                self._check_first_step = False
+                outputs = checked_first_step(self.model, batch, self.runtime)
+            else:
+                outputs = self.model.train_step(batch)
         if self.updates_now:
             self._waiting = 0
             self._deferred.clear()

@@ -110,6 +110,61 @@ def test_the_first_batch_check_leaves_a_samplers_own_generator_alone():
     torch.testing.assert_close(order_of_first_epoch(with_fit=True), order_of_first_epoch(with_fit=False))
 
 
+def test_the_first_batch_checks_ride_on_the_real_first_step():
+    # The net runs once per training batch and once per validation batch, plus one
+    # validation batch checked before training: the training checks cost no pass of their own.
+    x, y = data()
+    model = make_model({"acc": torchmetrics.Accuracy(task="multiclass", num_classes=3)})
+    calls = {"train": 0, "eval": 0}
+    original = model.net.forward
+
+    def forward(inputs):
+        calls["train" if model.net.training else "eval"] += 1
+        return original(inputs)
+
+    model.net.forward = forward
+    train, val = (
+        DataLoader(TensorDataset(x, y), batch_size=16),
+        DataLoader(TensorDataset(x[:40], y[:40]), batch_size=20),
+    )
+    history = model.fit(train, val, epochs=2, verbose=0)
+    assert calls == {"train": 2 * len(train), "eval": 2 * len(val) + 1}
+    assert history["train_acc"].notna().all()
+
+
+def test_a_first_step_that_fails_its_checks_changes_no_weight_and_no_running_statistic():
+    x, y = data()
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    optimizer = torch.optim.Adam(net.parameters(), lr=0.1)
+    model = kt.KerasModel(net, nn.CrossEntropyLoss(), {"acc": torchmetrics.Accuracy(task="multiclass", num_classes=2)})
+    model.optimizer = optimizer
+    before = snapshot(model)
+    with pytest.raises(ValueError, match="Metric 'acc' failed on the first batch of train_data, before training"):
+        model.fit(DataLoader(TensorDataset(x, y), batch_size=16), epochs=1, verbose=0)
+    assert unchanged(model, before)  # BatchNorm's running mean, variance and batch count included
+    assert not optimizer.state
+    assert model.net.training  # the mode it was in
+
+
+def test_an_overridden_train_step_is_checked_before_it_first_runs():
+    x, y = data()
+    ran = []
+
+    class OwnStep(kt.KerasModel):
+        def train_step(self, batch):
+            ran.append(len(batch[0]))
+            return super().train_step(batch)
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 3))
+    model = OwnStep(net, nn.CrossEntropyLoss(), {"acc": torchmetrics.Accuracy(task="multiclass", num_classes=2)})
+    before = snapshot(model)
+    with pytest.raises(ValueError, match="Metric 'acc' failed on the first batch of train_data"):
+        model.fit(DataLoader(TensorDataset(x, y), batch_size=16), epochs=1, verbose=0)
+    assert ran == [] and unchanged(model, before)
+
+
 class Stream(IterableDataset):
     def __init__(self, x, y):
         self.x, self.y = x, y
