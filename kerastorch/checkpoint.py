@@ -17,6 +17,9 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 SAFETENSORS_MAGIC_MAX = 100_000_000  # a safetensors header length is far below this
 
@@ -33,8 +36,25 @@ def unwrap(net: nn.Module) -> nn.Module:
 
 
 def cpu_state_dict(net: nn.Module) -> dict[str, torch.Tensor]:
-    """A copy of the bare net's weights in host memory (keys without ``module.``)."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in unwrap(net).state_dict().items()}
+    """A copy of the bare net's whole weights in host memory (keys without ``module.``).
+
+    For a net sharded with ``strategy="fsdp"`` the shards are gathered: a collective
+    operation, which every process calls at the same point of the run.
+    """
+    return {
+        k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().to("cpu", copy=True)
+        for k, v in unwrap(net).state_dict().items()
+    }
+
+
+def load_whole_weights(net: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load whole weights (as :func:`cpu_state_dict` gives them) into the bare net; a net
+    sharded with ``strategy="fsdp"`` keeps each process's shard of them."""
+    bare = unwrap(net)
+    if isinstance(bare, FSDPModule):
+        set_model_state_dict(bare, dict(state), options=StateDictOptions(full_state_dict=True))
+    else:
+        bare.load_state_dict(state)
 
 
 @contextlib.contextmanager

@@ -8,7 +8,9 @@ or :mod:`kerastorch.launch`):
 - the validation loader is sharded with ``even_batches=False``, so every validation
   sample is seen by exactly one process and none is repeated;
 - the net is wrapped in ``DistributedDataParallel`` (``accelerator.prepare_model``),
-  which starts every process from the main process's weights and averages gradients;
+  which starts every process from the main process's weights and averages gradients —
+  or, with ``strategy="fsdp"``, a copy of it is sharded over the processes
+  (:mod:`kerastorch.fsdp`);
 - epoch values are sums over all processes: the loss and plain-function metrics
   through :class:`~kerastorch.meters.EpochMeters`' ``reduce_fn``, stateful metrics
   through :func:`~kerastorch.metric_sync.compute_metric`. Nothing gathers predictions
@@ -24,6 +26,7 @@ from typing import Any, Iterator
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
+from .fsdp import lockstep_validation, sharded_training
 from .model_parallel import check_one_process
 
 
@@ -41,11 +44,18 @@ def process_share(model, runtime, train_data, val_data) -> Iterator[tuple[Any, A
     train_loader = shard_for_training(accelerator, train_data)
     val_loader = None if val_data is None else shard_exactly(accelerator, val_data)
     users_net = model.net
-    # DDP wraps the bare module: DataParallel inside DDP would spread each process over every GPU.
+    # DDP and FSDP wrap the bare module: DataParallel inside would spread each process over every GPU.
     bare = users_net.module if isinstance(users_net, nn.DataParallel) else users_net
-    model.net = accelerator.prepare_model(bare, device_placement=False)
     try:
-        yield train_loader, val_loader
+        if runtime.shards:
+            model.net = bare
+            if val_loader is not None:
+                val_loader = lockstep_validation(val_loader, val_data, model, runtime)
+            with sharded_training(model, runtime.precision, runtime.fsdp_wrap):
+                yield train_loader, val_loader
+        else:
+            model.net = accelerator.prepare_model(bare, device_placement=False)
+            yield train_loader, val_loader
     finally:
         model.net = users_net
         accelerator.free_memory()  # accelerate forgets the wrapped net and loaders

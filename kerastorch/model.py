@@ -119,6 +119,7 @@ class KerasModel(ModelParts):
         weighted_metrics: Optional[dict] = None,
         doctor: bool = False,
         compile: Union[bool, str, dict] = False,
+        fsdp_wrap: Optional[Sequence[type]] = None,
     ) -> pd.DataFrame:
         """Train for ``epochs`` epochs and return the history, one row per epoch.
 
@@ -159,7 +160,10 @@ class KerasModel(ModelParts):
                 back into this model; under ``torchrun`` / ``accelerate launch`` fit runs as one rank.
             precision: ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"16-true"``, ``"bf16-true"``,
                 ``"64-true"`` or the aliases ``32``, ``64``, ``16``, ``"bf16"``.
-            strategy: how several processes train: ``"auto"`` or ``"ddp"`` (DistributedDataParallel).
+            strategy: how several processes train: ``"auto"`` or ``"ddp"`` (DistributedDataParallel:
+                each process holds the whole net), or ``"fsdp"`` (torch's ``fully_shard``: each of k
+                processes holds 1/k of the parameters, gradients and optimizer state; see
+                :mod:`kerastorch.fsdp`).
             mixed_precision: torchkeras's word: ``"no"``, ``"fp16"`` or ``"bf16"``.
             cpu: torchkeras's word: ``cpu=True`` is ``accelerator="cpu"``.
             gradient_accumulation_steps: update once every this many batches (4 batches of b
@@ -190,6 +194,9 @@ class KerasModel(ModelParts):
             compile: ``True`` runs the net through ``torch.compile`` for this fit (a dict is passed to
                 it, ``"strict"`` raises instead of warning when compiling fails); checkpoints keep the
                 module's own keys and ``net`` is your module object again afterwards.
+            fsdp_wrap: with ``strategy="fsdp"``, the module classes sharded as blocks (e.g.
+                ``[nn.TransformerEncoderLayer]``); by default each direct child of the net that holds
+                parameters.
             doctor: run :meth:`doctor` first; print its report, and on an error stop before
                 training (:class:`~kerastorch.doctor.DoctorError`).
 
@@ -234,6 +241,7 @@ class KerasModel(ModelParts):
             gradient_clip_algorithm=gradient_clip_algorithm,
             data=data_settings,
             compile=compile,
+            fsdp_wrap=fsdp_wrap,
         )
         settings = dataclasses.replace(settings, doctor=doctor, weighted_metrics=weighted_metrics)
         if mode == "auto":

@@ -33,7 +33,7 @@ PARAM_DTYPES = {"16-true": torch.float16, "bf16-true": torch.bfloat16, "64-true"
 TRUE_PRECISION_OF = {dtype: name for name, dtype in PARAM_DTYPES.items()}  # torch.float64 -> "64-true"
 
 # "auto" is DDP with several processes; sharding (FSDP) is not supported yet.
-STRATEGIES = ("auto", "ddp")
+STRATEGIES = ("auto", "ddp", "fsdp")
 
 DevicesArg = Union[int, str, Sequence[int]]
 
@@ -91,10 +91,11 @@ def parse_accelerator_word(accelerator: Any = "auto", cpu: bool = False) -> str:
 
 
 def parse_strategy(strategy: Any = "auto") -> str:
-    """Return the canonical strategy name: ``"auto"`` (DDP with several processes) or ``"ddp"``.
+    """Return the canonical strategy name: ``"auto"`` (DDP with several processes), ``"ddp"`` or
+    ``"fsdp"`` (parameters, gradients and optimizer state sharded over the processes).
 
-    >>> parse_strategy("DDP")
-    'ddp'
+    >>> parse_strategy("DDP"), parse_strategy("FSDP")
+    ('ddp', 'fsdp')
     """
     word = strategy.strip().lower() if isinstance(strategy, str) else strategy
     if word in STRATEGIES:
@@ -103,10 +104,31 @@ def parse_strategy(strategy: Any = "auto") -> str:
     if isinstance(word, str) and word.startswith("deepspeed"):
         hint = " DeepSpeed is not supported: use strategy='ddp' with precision='bf16-mixed', or Lightning's Trainer."
     elif isinstance(word, str) and word.startswith("fsdp"):
-        hint = " Sharding with FSDP is not supported yet: use strategy='ddp'."
+        hint = " For FSDP, pass strategy='fsdp' (and fsdp_wrap=[BlockClass] to choose the sharded blocks)."
     raise ValueError(
         f"strategy={strategy!r} is not supported; use one of {', '.join(repr(s) for s in STRATEGIES)}.{hint}"
     )
+
+
+def parse_fsdp_wrap(fsdp_wrap: Any, strategy: str) -> tuple[type, ...]:
+    """The module classes ``strategy="fsdp"`` shards as blocks (empty: each direct child of the net).
+
+    >>> import torch
+    >>> parse_fsdp_wrap([torch.nn.Linear], "fsdp")
+    (<class 'torch.nn.modules.linear.Linear'>,)
+    """
+    if fsdp_wrap is None:
+        return ()
+    classes = tuple(fsdp_wrap) if isinstance(fsdp_wrap, (list, tuple, set)) else (fsdp_wrap,)
+    bad = [c for c in classes if not (isinstance(c, type) and issubclass(c, torch.nn.Module))]
+    if bad:
+        raise TypeError(
+            f"fsdp_wrap holds {bad[0]!r}, which is not a module class; pass classes, e.g. "
+            "fsdp_wrap=[nn.TransformerEncoderLayer] (the class, not an instance)."
+        )
+    if strategy != "fsdp":
+        raise ValueError(f"fsdp_wrap is for strategy='fsdp'; this run has strategy={strategy!r}.")
+    return classes
 
 
 def parse_compile(compile: Any = False) -> Optional[dict]:
@@ -280,5 +302,6 @@ __all__ = [
     "parse_accelerator_word",
     "parse_devices",
     "parse_precision",
+    "parse_fsdp_wrap",
     "parse_strategy",
 ]

@@ -43,6 +43,7 @@ class Plan:
     devices: tuple[int, ...]
     precision: str
     strategy: str = "auto"
+    fsdp_wrap: tuple[type, ...] = ()
 
     @property
     def num_processes(self) -> int:
@@ -72,12 +73,20 @@ def make_plan(settings: DeviceSettings, net: torch.nn.Module) -> Plan:
         )
         precision = "bf16-mixed"
     if launched_by_distributed_runner():
-        return Plan("rank", device_type, (), precision, settings.strategy)
+        return Plan("rank", device_type, (), precision, settings.strategy, settings.fsdp_wrap)
     devices = settings.devices
     if is_auto(devices) and is_model_parallel(net):
         devices = 1  # the user placed the net's pieces; it trains in this one process
     chosen = tuple(choose_devices(devices, device_type))
-    return Plan("workers" if len(chosen) > 1 else "here", device_type, chosen, precision, settings.strategy)
+    if len(chosen) == 1 and settings.strategy == "fsdp":
+        warnings.warn(
+            "strategy='fsdp' with one process: there is nothing to shard over, so the net trains as usual. "
+            "Pass devices=k (k > 1) to shard it over k processes.",
+            UserWarning,
+            stacklevel=4,
+        )
+    where = "workers" if len(chosen) > 1 else "here"
+    return Plan(where, device_type, chosen, precision, settings.strategy, settings.fsdp_wrap)
 
 
 def parse_accelerator(accelerator: str = "auto", cpu: bool = False) -> str:

@@ -35,6 +35,8 @@ class Runtime:
     scaler: Optional[Any]  # torch.amp.GradScaler, for 16-mixed on CUDA only
     owns_state: bool  # True when fit built the accelerate state and must reset it
     output_device: Optional[torch.device] = None  # set for a net spread over devices (model parallel)
+    strategy: str = "auto"  # "fsdp": kerastorch.fsdp shards the net over the processes
+    fsdp_wrap: tuple[type, ...] = ()
 
     @property
     def num_processes(self) -> int:
@@ -107,8 +109,14 @@ class Runtime:
         if self.device.type == "cuda":
             where += f" ({torch.cuda.get_device_name(self.device)})"
         if self.num_processes > 1:
-            where = f"{self.num_processes} processes ({self.device.type}, {self.accelerator.distributed_type.value})"
+            engine = "FSDP" if self.shards else self.accelerator.distributed_type.value
+            where = f"{self.num_processes} processes ({self.device.type}, {engine})"
         return f"kerastorch: training on {where} in precision {self.precision}"
+
+    @property
+    def shards(self) -> bool:
+        """True when the net is sharded over several processes (``strategy="fsdp"``)."""
+        return self.strategy == "fsdp" and self.num_processes > 1
 
     def teardown(self) -> None:
         """Forget accelerate's process-wide state, so the next fit may choose differently."""
@@ -164,6 +172,8 @@ def build_runtime(plan: Plan) -> Runtime:
         param_dtype=PARAM_DTYPES.get(precision),
         scaler=scaler,
         owns_state=not in_job,
+        strategy=plan.strategy,
+        fsdp_wrap=plan.fsdp_wrap,
     )
 
 

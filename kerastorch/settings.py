@@ -12,7 +12,7 @@ import dataclasses
 import os
 from typing import Any, Optional, Sequence, Union
 
-from .options import parse_accelerator_word, parse_compile, parse_precision, parse_strategy
+from .options import parse_accelerator_word, parse_compile, parse_fsdp_wrap, parse_precision, parse_strategy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +50,7 @@ class DeviceSettings:
     precision: str = "32-true"
     strategy: str = "auto"
     compile: Optional[dict] = None  # torch.compile's arguments, or None to run eagerly
+    fsdp_wrap: tuple[type, ...] = ()  # the module classes strategy="fsdp" shards as blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,11 +125,13 @@ def fit_settings(
     gradient_clip_algorithm: Any,
     data: Optional[DataSettings] = None,
     compile: Any = False,
+    fsdp_wrap: Any = None,
 ) -> FitSettings:
     """Group ``fit``'s keywords. Words are parsed here; numbers are checked by :mod:`kerastorch.checks`."""
     if quiet is not None:  # torchkeras's quiet=True is verbose=0
         verbose = 0 if quiet else verbose
     monitor = monitor or ("val_loss" if has_val_data else "train_loss")
+    strategy = parse_strategy(strategy)
     return FitSettings(
         epochs=epochs,
         callbacks=callbacks,
@@ -138,8 +141,9 @@ def fit_settings(
             parse_accelerator_word(accelerator, cpu),
             devices,
             parse_precision(precision, mixed_precision),
-            parse_strategy(strategy),
+            strategy,
             parse_compile(compile),
+            parse_fsdp_wrap(fsdp_wrap, strategy),
         ),
         step=StepSettings(
             gradient_accumulation_steps, gradient_clip_val, gradient_clip_algorithm, scheduler_interval, monitor

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Optional, Union
 
-from ..checkpoint import cpu_state_dict, save_weights, unwrap
+from ..checkpoint import cpu_state_dict, load_whole_weights, save_weights
 from .base import ORDER_BEST_WEIGHTS
 from .monitor import MonitorCallback
 from .terminate_on_nan import losses_are_finite
@@ -67,7 +67,7 @@ class RestoreBestWeights(MonitorCallback):
 
     def on_train_end(self, logs=None):
         if self.best_weights is not None:
-            unwrap(self.model.net).load_state_dict(self.best_weights)
+            load_whole_weights(self.model.net, self.best_weights)
             # Said once, so a reader knows which weights the net holds now (not the last epoch's).
             if (self.params or {}).get("verbose"):
                 self.model.print(
@@ -75,7 +75,7 @@ class RestoreBestWeights(MonitorCallback):
                 )
         elif self.initial_weights is not None and (self.broke or (not logs and self.params.get("epochs"))):
             # NaN before any best, or stopped (Ctrl-C) before the first epoch ended: never half-trained weights.
-            unwrap(self.model.net).load_state_dict(self.initial_weights)
+            load_whole_weights(self.model.net, self.initial_weights)
             if self.broke:
                 self.model.print("No epoch had a finite loss, so the weights from before training are restored.")
         self.initial_weights = None

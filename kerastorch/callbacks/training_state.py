@@ -36,7 +36,8 @@ import os
 import warnings
 from typing import Any, Iterable, Optional
 
-from ..checkpoint import cpu_state_dict, unwrap
+from ..checkpoint import cpu_state_dict, load_whole_weights, unwrap
+from ..fsdp import full_optimizer_state_dict, is_sharded, load_optimizer_state_dict
 from ..rng import capture_rng_state, restore_rng_state
 from ..state_file import load_state_file, save_state_file, to_plain
 from .base import ORDER_TRAINING_STATE, Callback
@@ -103,8 +104,11 @@ class TrainingState(Callback):
         self.history.append(dict(logs))
         if not losses_are_finite(logs):
             return  # the state stays at the last good epoch
-        if self.model.is_main_process:
-            save_state_file(self.collect(epoch), self.path)
+        main = self.model.is_main_process
+        if main or is_sharded(unwrap(self.model.net)):  # sharded: every process gathers its shards into it
+            state = self.collect(epoch)
+            if main:
+                save_state_file(state, self.path)
 
     # -- the state -------------------------------------------------------------------------
 
@@ -121,7 +125,7 @@ class TrainingState(Callback):
             "net": cpu_state_dict(model.net),
             "optimizer_type": type(optimizer).__name__,
             "optimizer_param_shapes": _param_shapes(optimizer),
-            "optimizer": optimizer.state_dict(),
+            "optimizer": full_optimizer_state_dict(optimizer),
             "lr_scheduler_type": type(scheduler).__name__ if scheduler is not None else None,
             "lr_scheduler": scheduler.state_dict() if scheduler is not None else None,
             "grad_scaler": scaler.state_dict() if scaler is not None else None,
@@ -133,8 +137,8 @@ class TrainingState(Callback):
     def restore(self, state: dict) -> None:
         """Put a checked state back: weights, optimizer, scheduler, scaler, callbacks, history, RNG."""
         model = self.model
-        unwrap(model.net).load_state_dict(state["net"])
-        model.optimizer.load_state_dict(state["optimizer"])
+        load_whole_weights(model.net, state["net"])
+        load_optimizer_state_dict(model.optimizer, state["optimizer"])
         if model.lr_scheduler is not None:
             model.lr_scheduler.load_state_dict(state["lr_scheduler"])
         scaler = _grad_scaler(model)
@@ -153,7 +157,7 @@ class TrainingState(Callback):
     def check_serializable(self) -> None:
         """Raise before training if some part of the state could not be written safely."""
         model = self.model
-        to_plain(model.optimizer.state_dict(), "optimizer.state_dict()")
+        to_plain(full_optimizer_state_dict(model.optimizer), "optimizer.state_dict()")
         to_plain(
             model.lr_scheduler.state_dict() if model.lr_scheduler is not None else None, "lr_scheduler.state_dict()"
         )
