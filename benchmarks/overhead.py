@@ -8,12 +8,15 @@ data with validation every epoch:
   a torchmetrics call per step, early stopping and a checkpoint file).
 * ``fit``: ``KerasModel.fit`` with the same metric, validation, early stopping, a
   checkpoint file and its progress bar.
+* ``fit compile``: the same ``fit`` with ``compile=True`` (``torch.compile``'s defaults),
+  timed from its second epoch, since the first holds the compilation (whose extra time is
+  printed apart). Leave it out with ``--no-compile``.
 
 Prints seconds per epoch (median and fastest over repeats) and the ratio to the bare loop for
 (a) a tiny MLP, where per-step overhead dominates, and (b) seed 003's CNN on 28x28
 inputs, where compute dominates. Targets: (a) <= 1.10x, (b) <= 1.02x.
 
-    python benchmarks/overhead.py [--repeats 5] [--epochs 3] [--device cpu]
+    python benchmarks/overhead.py [--repeats 5] [--epochs 3] [--device cpu] [--no-compile]
 """
 
 from __future__ import annotations
@@ -156,21 +159,27 @@ def run_seed_loop(make_net, dl_train, dl_val, epochs, device, ckpt_path):
 
 
 class EpochClock(kt.Callback):
-    """Times the epochs themselves, not fit's one-off set-up."""
+    """Times the epochs themselves, not fit's one-off set-up (from ``first_epoch`` on)."""
+
+    def __init__(self, first_epoch=1):
+        self.first_epoch = first_epoch
+        self.epoch_times = []
 
     def on_epoch_begin(self, epoch, logs=None):
-        if epoch == 1:
-            self.start = time.perf_counter()
+        self.epoch_start = time.perf_counter()
+        if epoch == self.first_epoch:
+            self.start = self.epoch_start
 
     def on_epoch_end(self, epoch, logs=None):
         self.end = time.perf_counter()
-        self.epochs = epoch
+        self.epochs = epoch - self.first_epoch + 1
+        self.epoch_times.append(self.end - self.epoch_start)
 
 
-def run_fit(make_net, dl_train, dl_val, epochs, device, ckpt_path, precision="32-true", verbose=1):
+def run_fit(make_net, dl_train, dl_val, epochs, device, ckpt_path, precision="32-true", verbose=1, compile=False):
     net, loss_fn, optimizer, metric = make_parts(make_net)
     model = kt.KerasModel(net, loss_fn, {"acc": metric}, optimizer)
-    clock = EpochClock()
+    clock = EpochClock(first_epoch=2 if compile else 1)
     model.fit(
         dl_train,
         dl_val,
@@ -183,16 +192,24 @@ def run_fit(make_net, dl_train, dl_val, epochs, device, ckpt_path, precision="32
         accelerator=device.type,
         precision=precision,
         verbose=verbose,
+        compile="strict" if compile else False,
     )
-    return (clock.end - clock.start) / clock.epochs
+    seconds = (clock.end - clock.start) / clock.epochs
+    if compile:
+        compile_seconds.append(clock.epoch_times[0] - seconds)  # the first epoch's extra time
+    return seconds
 
 
-def measure(task, repeats, epochs, device):
+compile_seconds: list = []
+
+
+def measure(task, repeats, epochs, device, compile=True):
     title, train, val, make_net, batch_size = task()
     pin = device.type == "cuda"
     dl_train = DataLoader(train, batch_size=batch_size, shuffle=True, pin_memory=pin)
     dl_val = DataLoader(val, batch_size=batch_size, pin_memory=pin)
-    times = {"bare": [], "seed loop": [], "fit": []}
+    times = {"bare": [], "seed loop": [], "fit": [], **({"fit compile": []} if compile else {})}
+    compile_seconds.clear()
     with tempfile.TemporaryDirectory() as folder:
         ckpt = os.path.join(folder, "best.pt")
         run_bare(make_net, dl_train, dl_val, 1, device)  # warm-up: allocator, kernels, thread pools
@@ -200,6 +217,8 @@ def measure(task, repeats, epochs, device):
             times["bare"].append(run_bare(make_net, dl_train, dl_val, epochs, device))
             times["fit"].append(run_fit(make_net, dl_train, dl_val, epochs, device, ckpt))
             times["seed loop"].append(run_seed_loop(make_net, dl_train, dl_val, epochs, device, ckpt))
+            if compile:
+                times["fit compile"].append(run_fit(make_net, dl_train, dl_val, epochs, device, ckpt, compile=True))
     # The median is the headline; the fastest run shows the overhead with the least noise
     # from whatever else the machine is doing.
     medians = {k: statistics.median(v) for k, v in times.items()}
@@ -211,6 +230,10 @@ def measure(task, repeats, epochs, device):
             f"{name:<12}{medians[name]:>16.4f}{medians[name] / medians['bare']:>9.3f}"
             f"{fastest[name]:>17.4f}{fastest[name] / fastest['bare']:>9.3f}"
         )
+    if compile:
+        print(
+            f"(fit compile: epochs 2 to {epochs}; compiling added {statistics.median(compile_seconds):.1f} s to epoch 1)"
+        )
     return medians
 
 
@@ -220,13 +243,14 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--only", choices=["mlp", "cnn"], default=None)
+    parser.add_argument("--no-compile", action="store_true", help="leave out the compile=True column")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, kerastorch {kt.__version__}")
     tasks = {"mlp": tiny_mlp_task, "cnn": cnn_task}
     for name, task in tasks.items():
         if args.only in (None, name):
-            measure(task, args.repeats, args.epochs, device)
+            measure(task, args.repeats, args.epochs, device, compile=not args.no_compile)
 
 
 if __name__ == "__main__":

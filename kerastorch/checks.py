@@ -21,6 +21,7 @@ from .callbacks.monitor import check_mode
 from .callbacks.training_state import training_state_path
 from .checkpoint import check_writable
 from .data import NoBatchesError, dry_run_first_batch, num_batches
+from .fsdp import blocks_to_shard
 from .history import history_columns
 from .meters import is_stateful_metric, metric_friendly, metric_update_fn, scalar_metric_value
 from .metric_sync import is_torchmetrics
@@ -53,6 +54,8 @@ def check_fit(model: Any, train_data: Any, val_data: Any, settings: FitSettings)
     if step.clip_algorithm not in ("norm", "value"):
         raise ValueError(f"gradient_clip_algorithm={step.clip_algorithm!r}; use 'norm' or 'value'.")
     check_mode(watch.mode)
+    if settings.devices.fsdp_wrap:
+        blocks_to_shard(model.net, settings.devices.fsdp_wrap)
     data = settings.data
     if data.steps_per_epoch is not None:
         _check_whole_number("steps_per_epoch", data.steps_per_epoch, minimum=1, hint="or None for whole passes")

@@ -50,23 +50,27 @@ def shard_copy(net: nn.Module, wrap: tuple[type, ...] = (), precision: str = "32
     sharded = copy.deepcopy(net)
     dtype = POLICY_DTYPES.get(precision)
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
-    if wrap:
-        blocks = [m for m in sharded.modules() if m is not sharded and isinstance(m, wrap)]
-        if not blocks:
-            names = ", ".join(cls.__name__ for cls in wrap)
-            raise ValueError(
-                f"fsdp_wrap=[{names}]: the net has no module of these classes. Pass the classes of its repeated "
-                f"blocks (e.g. fsdp_wrap=[nn.TransformerEncoderLayer]), or leave fsdp_wrap out to shard each "
-                f"direct child of the net."
-            )
-    else:
-        blocks = [child for child in sharded.children() if any(True for _ in child.parameters())]
     # Inner blocks first: the root then holds only what no block took.
-    for block in reversed(blocks):
+    for block in reversed(blocks_to_shard(sharded, wrap)):
         if not isinstance(block, FSDPModule):
             fully_shard(block, mp_policy=policy)
     fully_shard(sharded, mp_policy=policy)
     return sharded
+
+
+def blocks_to_shard(net: nn.Module, wrap: tuple[type, ...] = ()) -> list[nn.Module]:
+    """The modules sharded before the root: those of ``wrap``'s classes, or each direct child holding parameters."""
+    if not wrap:
+        return [child for child in net.children() if any(True for _ in child.parameters())]
+    blocks = [m for m in net.modules() if m is not net and isinstance(m, wrap)]
+    if not blocks:
+        names = ", ".join(cls.__name__ for cls in wrap)
+        raise ValueError(
+            f"fsdp_wrap=[{names}]: the net has no module of these classes. Pass the classes of its repeated "
+            "blocks (e.g. fsdp_wrap=[nn.TransformerEncoderLayer]), or leave fsdp_wrap out to shard each "
+            "direct child of the net."
+        )
+    return blocks
 
 
 @contextlib.contextmanager
@@ -210,6 +214,7 @@ def load_optimizer_state_dict(optimizer: torch.optim.Optimizer, state: dict) -> 
 
 
 __all__ = [
+    "blocks_to_shard",
     "full_optimizer_state_dict",
     "is_sharded",
     "load_optimizer_state_dict",

@@ -187,6 +187,11 @@ def test_one_process_with_fsdp_trains_as_usual_and_says_so_once(digits):
         ({"strategy": "fsdp_full_shard"}, ValueError, r"For FSDP, pass strategy='fsdp'"),
         ({"strategy": "fsdp", "fsdp_wrap": [nn.Linear(2, 2)]}, TypeError, r"not a module class; pass classes"),
         ({"strategy": "ddp", "fsdp_wrap": [nn.Linear]}, ValueError, r"fsdp_wrap is for strategy='fsdp'"),
+        (
+            {"strategy": "fsdp", "devices": 2, "fsdp_wrap": [nn.Conv2d]},
+            ValueError,
+            r"fsdp_wrap=\[Conv2d\]: the net has no module of these classes",
+        ),
     ],
 )
 def test_unsupported_strategies_and_wrong_fsdp_wrap_are_refused_before_training(digits, kwargs, error, message):
