@@ -1,7 +1,7 @@
 """Where output goes: a Jupyter kernel, a terminal, or a log file.
 
 Progress bars and the live plot ask this module once per ``fit`` and pick their form:
-widgets and an image updated in place in Jupyter, a text bar in a terminal, one line
+an output and an image updated in place in Jupyter, a text bar in a terminal, one line
 per epoch (and a PNG file) in a CI log or any other output that is not a terminal.
 """
 
@@ -32,15 +32,6 @@ def in_notebook() -> bool:
     )
 
 
-def has_widgets() -> bool:
-    """True when ipywidgets can be imported, so tqdm can draw widget progress bars."""
-    try:
-        import ipywidgets  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def is_terminal(stream: Optional[TextIO] = None) -> bool:
     """True when ``stream`` (default ``sys.stderr``, where progress bars go) is a terminal."""
     stream = sys.stderr if stream is None else stream
@@ -51,15 +42,14 @@ def is_terminal(stream: Optional[TextIO] = None) -> bool:
 
 
 def output_style(stream: Optional[TextIO] = None) -> str:
-    """``"notebook"`` (widgets), ``"terminal"`` (text bars redrawn with ``\\r``) or ``"lines"``.
+    """``"notebook"`` (an output updated in place), ``"terminal"`` (text bars redrawn with ``\\r``) or ``"lines"``.
 
     ``"lines"`` is for everything that is not read live on a screen (CI logs, files,
     pipes): there a redrawn bar would leave one line per redraw, so an epoch is one line.
-    In Jupyter without ipywidgets, text bars are used: the notebook handles ``\\r``.
     """
     if in_notebook():
-        return "notebook" if has_widgets() else "terminal"
+        return "notebook"
     return "terminal" if is_terminal(stream) else "lines"
 
 
-__all__ = ["in_notebook", "has_widgets", "is_terminal", "output_style"]
+__all__ = ["in_notebook", "is_terminal", "output_style"]

@@ -214,7 +214,7 @@ def test_fit_on_two_processes_from_a_jupyter_notebook():
     texts = "".join(out.get("text", "") for out in outputs)
     assert "training on 2 processes (cpu" in texts and "trained in the notebook's model" in texts
     assert "Launching training on" not in texts  # accelerate's line, which would say CUDA on a CPU
-    assert any(out.output_type == "display_data" for out in outputs)  # the progress bars are widgets
+    assert any(out.output_type == "display_data" for out in outputs)  # the progress, updated in place
 
 
 def _free_port() -> int:

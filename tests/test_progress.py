@@ -1,7 +1,7 @@
 """Progress output: text bars in a terminal, one line per epoch in logs, no device reads per step.
 
-The Jupyter widgets (an epoch bar and one reused step bar) are checked in a real kernel
-by tests/test_notebooks.py.
+The Jupyter form (one output updated in place) is checked in a real kernel by
+tests/test_notebooks.py.
 """
 
 import io
@@ -37,10 +37,13 @@ def small_model():
     )
 
 
-def test_in_a_terminal_each_epoch_leaves_one_redrawn_bar(loaders):
+def screen_after_fit(loaders, columns, epochs=3, **fit_kwargs):
+    """What a person sees in a terminal ``columns`` wide after a fit: a real pty, its bytes
+    played on a terminal emulator (pyte), tall enough that nothing scrolls away."""
     fcntl, termios = pytest.importorskip("fcntl"), pytest.importorskip("termios")  # POSIX terminals
+    pyte = pytest.importorskip("pyte", reason="the terminal emulator is in the test extra")
     master, replica = os.openpty()  # a real terminal device, as when training from a shell
-    fcntl.ioctl(replica, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # 160 columns wide
+    fcntl.ioctl(replica, termios.TIOCSWINSZ, struct.pack("HHHH", 200, columns, 0, 0))
     received = bytearray()
 
     def drain():  # read while training writes, so a full terminal buffer never blocks it
@@ -57,22 +60,40 @@ def test_in_a_terminal_each_epoch_leaves_one_redrawn_bar(loaders):
     reader.start()
     with os.fdopen(replica, "w") as terminal:
         assert output_style(terminal) == "terminal"
-        small_model().fit(
-            *loaders, epochs=2, patience=None, verbose=0, callbacks=[ProgressBar(mininterval=0, file=terminal)]
+        model = small_model()
+        history = model.fit(
+            *loaders,
+            epochs=epochs,
+            patience=None,
+            verbose=0,
+            callbacks=[ProgressBar(mininterval=0, file=terminal)],
+            **fit_kwargs,
         )
         terminal.flush()
-        text = b""
         for _ in range(100):
             reader.join(0.02)
-            text = bytes(received).decode()
-            if text.count("val_acc=") >= 2:
+            if bytes(received).count("★".encode()) and bytes(received).count(b"val_acc=") >= epochs:
                 break
     os.close(master)
-    assert "\r" in text  # redrawn in place
-    finished = [line.split("\r")[-1] for line in text.replace("\r\n", "\n").split("\n") if "val_acc=" in line]
-    assert len(finished) == 2
-    assert finished[0].startswith("Epoch 1/2: 100%") and "22/22" in finished[0]
-    assert finished[1].startswith("Epoch 2/2: 100%") and "train_loss=" in finished[1]
+    screen = pyte.Screen(columns, 200)
+    pyte.ByteStream(screen).feed(bytes(received).replace(b"\n", b"\r\n"))
+    return history, [line.rstrip() for line in screen.display if line.strip()]
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_in_a_terminal_every_value_of_every_epoch_stays_readable_in_full(loaders, columns):
+    history, lines = screen_after_fit(loaders, columns, epochs=3)
+    assert all(len(line) <= columns for line in lines)
+    text = "\n".join(lines)
+    assert "%|" not in text  # the bars were replaced by the epochs' lines
+    for row in history.itertuples():
+        assert f"Epoch {row.epoch}/3 (" in text
+        for name in ("train_loss", "train_acc", "val_loss", "val_acc"):
+            assert f"{name}={getattr(row, name):.4g}" in text, (name, text)  # whole numbers, never cut
+    # The monitored value (val_loss, the default) is marked on each epoch that improved it.
+    improved = history["val_loss"] < history["val_loss"].cummin().shift(fill_value=float("inf"))
+    assert text.count("★ best") == int(improved.sum()) >= 1
+    assert f"val_loss={history.val_loss.iloc[0]:.4g} ★ best" in text
 
 
 def test_in_a_log_an_epoch_is_one_line(loaders, capsys):

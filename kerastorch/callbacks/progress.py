@@ -1,37 +1,76 @@
 """Progress during ``fit``: bars (``verbose=1``) or one line per epoch (``verbose=2``).
 
-With ``verbose=1`` the form follows where the output goes (see :mod:`kerastorch.notebook`):
+Whatever the form, each finished epoch leaves one summary line with every value in full
+and the monitored value marked when it improved::
 
-- Jupyter: two widgets, an epoch bar over the whole run and a step bar that is reset
-  at each epoch (not one new bar per epoch), so a 100-epoch run stays two lines tall.
-- a terminal: one text bar per epoch, left on screen with the epoch's results.
-- anything else (CI logs, pipes, files): one line per epoch, since every redraw of a
+    Epoch 3/20 (1.21s): train_loss=0.3707, train_acc=0.9223, lr=0.001, val_loss=0.3271, val_acc=0.9287 ★ best
+
+During an epoch a compact bar shows the running training values (short names, so it
+fits 80 columns). With ``verbose=1`` the form follows where the output goes (see
+:mod:`kerastorch.notebook`):
+
+- Jupyter: one output updated in place (:mod:`~kerastorch.callbacks.notebook_progress`):
+  the finished epochs' lines, then the running epoch's bar. No widgets needed.
+- a terminal: a text bar during the epoch, replaced by the epoch's line when it ends
+  (wrapped at the terminal's width, never cut).
+- anything else (CI logs, pipes, files): the epoch's line alone, since every redraw of a
   text bar would be a new line there.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import shutil
 import time
-from typing import Optional, TextIO
+from typing import Any, Optional, TextIO
 
 from tqdm.std import tqdm as text_tqdm
 
 from ..notebook import output_style
 from .base import ORDER_PROGRESS, Callback
+from .monitor import improves
+from .notebook_progress import NotebookProgress
+
+BEST_MARK = " ★ best"
 
 
-def format_logs(logs) -> str:
-    return ", ".join(f"{k}={v:.4g}" for k, v in logs.items() if k != "epoch")
+def format_logs(logs, mark: Optional[str] = None) -> str:
+    """``name=value, ...`` for every value but the epoch; ``mark`` follows the value it names."""
+    return ", ".join(f"{k}={v:.4g}{BEST_MARK if k == mark else ''}" for k, v in logs.items() if k != "epoch")
+
+
+def running_values(logs) -> str:
+    """The running training values, short: ``loss=0.4123, acc=0.8711``."""
+    return ", ".join(f"{k.removeprefix('train_')}={v:.4g}" for k, v in logs.items() if k != "epoch")
+
+
+def wrap_items(line: str, width: int, indent: str = "    ") -> str:
+    """``line`` broken after ``", "`` so that no piece is wider than ``width`` (a terminal wraps,
+    but mid-number; tqdm would cut it)."""
+    if len(line) <= width:
+        return line
+    pieces, current = [], ""
+    for item in line.split(", "):
+        candidate = f"{current}, {item}" if current else item
+        if current and len(candidate) > width:
+            pieces.append(current + ",")
+            current = indent + item
+        else:
+            current = candidate
+    pieces.append(current)
+    return "\n".join(pieces)
 
 
 class ProgressBar(Callback):
-    """tqdm bars that read the running loss and metrics only when they redraw.
+    """Progress bars that read the running loss and metrics only when they redraw.
 
     The loop hands per-step logs that stay on the device until looked at; this
     callback looks every ``mininterval`` seconds at most, never per step.
 
     ``style`` is ``"auto"`` (the default: see the module docstring), ``"notebook"``,
-    ``"terminal"`` or ``"lines"``; ``file`` is where text bars go (default ``sys.stderr``).
+    ``"terminal"`` or ``"lines"``; ``file`` is where text goes (default ``sys.stderr``
+    for the terminal's bar, the model's printing for the epochs' lines).
 
     Example::
 
@@ -49,9 +88,12 @@ class ProgressBar(Callback):
         self.mininterval = mininterval
         self.style = style
         self.file = file
-        self.epoch_bar = None  # notebook only: one bar over the epochs
-        self.step_bar = None  # the steps of the current epoch
+        self.step_bar: Any = None  # the terminal's bar over the current epoch's steps
+        self.notebook: Optional[NotebookProgress] = None
         self._active_style: Optional[str] = None
+        self._best: Optional[float] = None
+        self._label = ""
+        self._done = 0
         self._unshown_steps = 0
         self._last_draw = 0.0
         self._epoch_start = 0.0
@@ -67,84 +109,93 @@ class ProgressBar(Callback):
             return self.style
         return output_style(self.file)
 
-    def _new_bar(self, **kwargs):
-        if self._active_style == "notebook":
-            try:
-                from tqdm.notebook import tqdm as notebook_tqdm
-
-                return notebook_tqdm(**kwargs)
-            except ImportError:  # no ipywidgets: text bars, which Jupyter redraws fine
-                self._active_style = "terminal"
-        return text_tqdm(file=self.file, dynamic_ncols=True, **kwargs)
-
     # -- hooks ------------------------------------------------------------------------------
 
     def on_train_begin(self, logs=None):
-        self._close_bars()
+        self._close()
+        self._best = None
         self._active_style = self._choose_style()
         if self._active_style == "notebook":
-            self.epoch_bar = self._new_bar(total=self.params.get("epochs"), desc="Epochs", unit="epoch", leave=True)
-        if self._active_style == "notebook":  # still a notebook: the widgets imported
-            self.step_bar = self._new_bar(
-                total=self.params.get("steps"), desc="Epoch 1", unit="step", leave=True, mininterval=self.mininterval
-            )
+            self.notebook = NotebookProgress()
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = time.monotonic()
-        self._unshown_steps = 0
+        self._unshown_steps = self._done = 0
         self._last_draw = self._epoch_start
-        description = f"Epoch {epoch}/{self.params.get('epochs')}"
-        if self._active_style == "notebook":
-            self.step_bar.reset(total=self.params.get("steps"))
-            self.step_bar.set_description(description, refresh=False)
+        self._label = f"Epoch {epoch}/{self.params.get('epochs')}"
+        if self.notebook is not None:
+            self.notebook.show(self._label, 0, self.params.get("steps"))
         elif self._active_style == "terminal":
-            self.step_bar = self._new_bar(
-                total=self.params.get("steps"), desc=description, unit="step", leave=True, mininterval=self.mininterval
+            self.step_bar = text_tqdm(
+                total=self.params.get("steps"),
+                desc=self._label,
+                unit="step",
+                leave=False,  # replaced by the epoch's line when it ends
+                file=self.file,
+                dynamic_ncols=True,
+                mininterval=self.mininterval,
             )
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.step_bar is None:
+        if self.step_bar is None and self.notebook is None:
             return
         self._unshown_steps += 1
         now = time.monotonic()
         if now - self._last_draw >= self.mininterval:
             self._last_draw = now
             # Reading logs here is the only device-to-host copy the bar makes.
-            self.step_bar.set_postfix_str(format_logs(logs), refresh=False)
-            self.step_bar.update(self._unshown_steps)
+            values = running_values(logs)
+            self._done += self._unshown_steps
+            if self.notebook is not None:
+                self.notebook.show(self._label, self._done, self.params.get("steps"), values)
+            else:
+                self.step_bar.set_postfix_str(values, refresh=False)
+                self.step_bar.update(self._unshown_steps)
             self._unshown_steps = 0
 
     def on_epoch_end(self, epoch, logs=None):
         if self._active_style is None:
             return
+        seconds = time.monotonic() - self._epoch_start
+        line = f"{self._label} ({seconds:.2f}s): {format_logs(logs, self._improved(logs))}"
         if self._active_style == "lines":
-            seconds = time.monotonic() - self._epoch_start
-            self.model.print(f"Epoch {epoch}/{self.params.get('epochs')} ({seconds:.2f}s): {format_logs(logs)}")
-            return
-        self.step_bar.update(self._unshown_steps)
-        self._unshown_steps = 0
-        if self._active_style == "notebook":
-            train_logs = {k: v for k, v in logs.items() if k.startswith("train_")}
-            self.step_bar.set_postfix_str(format_logs(train_logs), refresh=True)
-            self.epoch_bar.update(1)
-            self.epoch_bar.set_postfix_str(format_logs(logs), refresh=True)
+            self.model.print(line)
+        elif self.notebook is not None:
+            self.notebook.add_line(line)
+            self.notebook.show(self._label, self.params.get("steps") or self._done, self.params.get("steps"))
         else:
-            self.step_bar.set_postfix_str(format_logs(logs), refresh=True)
-            self.step_bar.close()
-            self.step_bar = None
+            if self.step_bar is not None:
+                self.step_bar.close()  # leave=False: the bar is erased, the line takes its place
+                self.step_bar = None
+            text_tqdm.write(wrap_items(line, terminal_width(self.file) - 1), file=self.file)
 
     def on_train_end(self, logs=None):
-        stopped_early = self.model is not None and self.model.stop_training
-        if self.epoch_bar is not None and stopped_early:
-            # Ending early on purpose is a finished run: show a full (green) bar, not a failed one.
-            self.epoch_bar.total = self.epoch_bar.n
-            container = getattr(self.epoch_bar, "container", None)
-            if container is not None:
-                container.children[1].max = self.epoch_bar.n
-        self._close_bars()
+        self._close()
 
-    def _close_bars(self) -> None:
-        for bar in (self.step_bar, self.epoch_bar):
-            if bar is not None:
-                bar.close()
-        self.step_bar = self.epoch_bar = None
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _improved(self, logs) -> Optional[str]:
+        """The monitored name when this epoch's value is the best so far, else None."""
+        monitor, mode = self.params.get("monitor"), self.params.get("mode", "min")
+        value = logs.get(monitor)
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            return None
+        if not improves(value, self._best, mode):
+            return None
+        self._best = value
+        return monitor
+
+    def _close(self) -> None:
+        if self.step_bar is not None:
+            self.step_bar.close()
+        # The notebook's output stays as last drawn: every finished epoch's line, and the
+        # bar of the last epoch (full, or where Ctrl-C stopped it).
+        self.step_bar, self.notebook = None, None
+
+
+def terminal_width(file: Optional[TextIO]) -> int:
+    """The width of the terminal ``file`` (default: standard output) is shown on; 80 if unknown."""
+    try:
+        return os.get_terminal_size(file.fileno()).columns if file is not None else shutil.get_terminal_size().columns
+    except (AttributeError, OSError, ValueError):
+        return 80
