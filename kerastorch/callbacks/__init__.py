@@ -1,7 +1,8 @@
 """Built-in callbacks. ``fit`` adds some of them from its own arguments; pass others in ``callbacks``.
 
-``TensorBoard`` and ``WandbLogger`` need optional packages (``kerastorch[tensorboard]``,
-``kerastorch[wandb]``), imported only when one of them is created.
+``TensorBoard``, ``WandbLogger``, ``MLflowLogger`` and ``OptunaPruning`` need optional packages
+(``kerastorch[tensorboard]``, ``[wandb]``, ``[mlflow]``, ``[optuna]``), imported only when one
+of them is created.
 """
 
 from .adapters import TorchkerasCallback
@@ -14,8 +15,10 @@ from .ema import EMA
 from .lambda_callback import LambdaCallback
 from .live_plot import LivePlot
 from .lr_scheduler import LearningRateScheduler
+from .mlflow_logger import MLflowLogger
 from .model_checkpoint import ModelCheckpoint
 from .monitor import MonitorCallback
+from .optuna_pruning import OptunaPruning
 from .progress import ProgressBar
 from .swa import SWA
 from .tensorboard import TensorBoard
@@ -32,8 +35,10 @@ __all__ = [
     "LambdaCallback",
     "LearningRateScheduler",
     "LivePlot",
+    "MLflowLogger",
     "ModelCheckpoint",
     "MonitorCallback",
+    "OptunaPruning",
     "ProgressBar",
     "RestoreBestWeights",
     "SWA",

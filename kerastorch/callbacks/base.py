@@ -93,6 +93,7 @@ ORDER_EARLY_STOPPING = -10
 ORDER_DISPLAY = -5  # the live plot and experiment loggers fit adds from plot= and wandb=
 ORDER_TRAINING_STATE = 90  # after every callback whose state it keeps
 ORDER_PROGRESS = 100  # drawn last, once every other callback has spoken
+ORDER_PRUNING = 110  # a pruned trial raises only after every other callback has finished
 
 
 def overrides(cb: Any, hook: str) -> bool:

@@ -1,0 +1,142 @@
+"""Log a run to MLflow: its parameters, each epoch's values, and the best weights as an artifact."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import tempfile
+import time
+from typing import Any, Optional
+
+from ..checkpoint import cpu_state_dict, save_weights, unwrap
+from .base import ORDER_DISPLAY, Callback
+
+
+def import_mlflow() -> Any:
+    """The ``mlflow`` module, or an ImportError that says which extra to install."""
+    try:
+        import mlflow
+    except ImportError:
+        raise ImportError(
+            "MLflowLogger needs the mlflow package: pip install 'kerastorch[mlflow]' (or pip install mlflow)."
+        ) from None
+    return mlflow
+
+
+class MLflowLogger(Callback):
+    """Log ``fit`` to an MLflow run: one point per epoch and value (``epoch`` as the step).
+
+    When training begins, a run is started in ``experiment`` (created if new) of the store
+    at ``tracking_uri`` (default: MLflow's own, ``MLFLOW_TRACKING_URI`` or else
+    ``mlflow.db`` in the working folder; ``sqlite:///runs.db`` or a server's address) with
+    these parameters: fit's ``epochs``, ``monitor`` and ``mode``, the batches per epoch,
+    the net's class and parameter count, the loss, the optimizer's class and
+    hyper-parameters (its first param group) and the metrics' names, plus ``params`` of
+    your own. When ``fit`` ends, the best weights (as ``fit`` restores them, or the
+    ``ckpt_path`` file, under its own name) are stored as the artifact ``best.safetensors`` and the run is
+    ended as ``FINISHED`` (also after early stopping), ``KILLED`` (Ctrl-C) or ``FAILED``
+    (an error). ``run_id`` names the run afterwards. Only the main process logs.
+
+    Example::
+
+        from kerastorch.callbacks import MLflowLogger
+
+        model.fit(dl_train, dl_val, epochs=5,
+                  callbacks=[MLflowLogger(experiment="digits", tracking_uri="sqlite:///mlruns.db")])
+    """
+
+    order = ORDER_DISPLAY
+
+    def __init__(
+        self,
+        experiment: str = "kerastorch",
+        tracking_uri: Optional[str] = None,
+        run_name: Optional[str] = None,
+        params: Optional[dict] = None,
+        tags: Optional[dict] = None,
+        log_weights: bool = True,
+    ):
+        self.mlflow = import_mlflow()
+        self.experiment = experiment
+        self.tracking_uri = tracking_uri
+        self.run_name = run_name
+        self.extra_params = dict(params or {})
+        self.tags = dict(tags or {})
+        self.log_weights = log_weights
+        self.client: Any = None
+        self.run_id: Optional[str] = None
+        self.last_epoch = 0
+
+    def on_train_begin(self, logs=None):
+        self.run_id, self.last_epoch = None, 0
+        if not self.model.is_main_process:
+            return
+        self.client = self.mlflow.tracking.MlflowClient(tracking_uri=self.tracking_uri)
+        found = self.client.get_experiment_by_name(self.experiment)
+        experiment_id = found.experiment_id if found is not None else self.client.create_experiment(self.experiment)
+        run = self.client.create_run(experiment_id, run_name=self.run_name, tags=self.tags)
+        self.run_id = run.info.run_id
+        params = {**self.run_params(), **self.extra_params}
+        self.client.log_batch(
+            self.run_id, params=[self.mlflow.entities.Param(k, str(v)[:500]) for k, v in params.items()]
+        )
+
+    def run_params(self) -> dict:
+        """What describes this run: fit's settings, the net, the loss, the optimizer and the metrics."""
+        model, params = self.model, self.params
+        net = unwrap(model.net)
+        optimizer = model.optimizer
+        found = {
+            "epochs": params.get("epochs"),
+            "monitor": params.get("monitor"),
+            "mode": params.get("mode"),
+            "steps_per_epoch": params.get("steps"),
+            "net": type(net).__name__,
+            "net_parameters": sum(p.numel() for p in net.parameters()),
+            "loss_fn": type(model.loss_fn).__name__,
+            "optimizer": type(optimizer).__name__,
+            "metrics": ", ".join(model.metrics_dict) or "none",
+        }
+        group = optimizer.param_groups[0]
+        for key, value in group.items():
+            if key != "params" and isinstance(value, (int, float, str, bool, tuple)) and value is not None:
+                found[f"optimizer.{key}"] = value
+        return found
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.last_epoch = epoch
+        if self.run_id is None:
+            return
+        now = int(time.time() * 1000)
+        metrics = [
+            self.mlflow.entities.Metric(key, float(value), now, epoch)
+            for key, value in (logs or {}).items()
+            if key != "epoch" and isinstance(value, (int, float)) and math.isfinite(value)
+        ]
+        self.client.log_batch(self.run_id, metrics=metrics)
+
+    def on_train_end(self, logs=None):
+        if self.run_id is None:
+            return
+        failed = sys.exc_info()[1] is not None  # on_train_end runs while fit's error goes by
+        finished = self.model.stop_training or self.last_epoch >= (self.params.get("epochs") or 0)
+        status = "FAILED" if failed else "FINISHED" if finished else "KILLED"
+        try:
+            if self.log_weights and not failed:
+                self._log_best_weights()
+        finally:
+            self.client.set_terminated(self.run_id, status=status)
+
+    def _log_best_weights(self) -> None:
+        ckpt_path = self.params.get("ckpt_path")
+        if ckpt_path and os.path.isfile(ckpt_path):
+            self.client.log_artifact(self.run_id, os.fspath(ckpt_path))
+            return
+        with tempfile.TemporaryDirectory() as folder:  # the net holds the best weights by now
+            path = os.path.join(folder, "best.safetensors")
+            save_weights(cpu_state_dict(self.model.net), path)
+            self.client.log_artifact(self.run_id, path)
+
+
+__all__ = ["MLflowLogger", "import_mlflow"]

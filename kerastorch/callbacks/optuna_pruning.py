@@ -1,0 +1,80 @@
+"""Prune an Optuna trial whose monitored value is going nowhere, after fit has cleaned up."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from .base import ORDER_PRUNING, Callback
+
+
+def import_optuna() -> Any:
+    """The ``optuna`` module, or an ImportError that says which extra to install."""
+    try:
+        import optuna
+    except ImportError:
+        raise ImportError(
+            "OptunaPruning needs the optuna package: pip install 'kerastorch[optuna]' (or pip install optuna)."
+        ) from None
+    return optuna
+
+
+class OptunaPruning(Callback):
+    """Report ``monitor`` (default: fit's) to an Optuna ``trial`` after every epoch, and stop
+    the trial when its pruner says so.
+
+    Epochs without the value (no validation that epoch) or with a NaN are not reported.
+    A pruned run stops like an early stop — every process together, the best weights
+    restored, every file whole — and then ``fit`` raises ``optuna.TrialPruned``, which
+    Optuna's ``study.optimize`` records as a pruned trial (``model.history`` holds the
+    epochs that ran). Only the main process reports.
+
+    Example::
+
+        import optuna
+        from kerastorch.callbacks import OptunaPruning
+
+        def objective(trial):
+            model = make_model(lr=trial.suggest_float("lr", 1e-4, 1e-1, log=True))
+            history = model.fit(dl_train, dl_val, epochs=10, callbacks=[OptunaPruning(trial)])
+            return history["val_acc"].max()
+
+        optuna.create_study(direction="maximize", pruner=optuna.pruners.MedianPruner()).optimize(objective, 20)
+    """
+
+    order = ORDER_PRUNING
+
+    def __init__(self, trial: Any, monitor: Optional[str] = None):
+        self.optuna = import_optuna()
+        self.trial = trial
+        self.monitor = monitor
+        self.pruned_at: Optional[int] = None
+
+    def on_train_begin(self, logs=None):
+        self.pruned_at = None
+        names = self.params.get("metrics")
+        if self.monitor is not None and names is not None and self.monitor not in names:
+            raise ValueError(
+                f"OptunaPruning(monitor={self.monitor!r}): this run logs {', '.join(names)}. Pick one of them, "
+                "or leave monitor out to report fit's own."
+            )
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not self.model.is_main_process:
+            return
+        name = self.monitor or self.params.get("monitor")
+        value = (logs or {}).get(name)
+        if value is None or not math.isfinite(value):
+            return
+        self.trial.report(float(value), step=epoch)
+        if self.trial.should_prune():
+            self.pruned_at = epoch
+            self.model.stop_training = True  # all processes stop together, as after early stopping
+
+    def on_train_end(self, logs=None):
+        if self.pruned_at is not None and self.model.is_main_process:
+            name = self.monitor or self.params.get("monitor")
+            raise self.optuna.TrialPruned(f"pruned after epoch {self.pruned_at} ({name} {logs.get(name)})")
+
+
+__all__ = ["OptunaPruning", "import_optuna"]
