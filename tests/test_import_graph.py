@@ -19,9 +19,9 @@ OPTIONAL_EXTRAS = (
     "tensorboard",
     "torch.utils.tensorboard",
     "wandb",
+    "mlflow",
+    "optuna",
     "IPython",
-    "ipywidgets",
-    "tqdm.notebook",
     "sklearn",
 )
 # Functions whose own source runs elsewhere, so they must import what they use.
