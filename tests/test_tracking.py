@@ -121,3 +121,20 @@ def test_optuna_pruning_refuses_a_value_the_run_does_not_log(loaders):
     trial = study.ask()
     with pytest.raises(ValueError, match=r"OptunaPruning\(monitor='val_f1'\): this run logs"):
         make_model().fit(*loaders, epochs=1, verbose=0, callbacks=[OptunaPruning(trial, monitor="val_f1")])
+
+
+def test_under_two_processes_only_the_main_one_logs_to_mlflow(loaders, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    history = make_model().fit(
+        *loaders,
+        epochs=2,
+        accelerator="cpu",
+        devices=2,
+        verbose=0,
+        callbacks=[MLflowLogger(experiment="digits", tracking_uri=uri)],
+    )
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("digits").experiment_id])
+    assert run.info.status == "FINISHED"
+    points = client.get_metric_history(run.info.run_id, "val_loss")
+    assert [p.value for p in points] == pytest.approx(history["val_loss"].tolist())

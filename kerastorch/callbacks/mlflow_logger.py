@@ -36,7 +36,9 @@ class MLflowLogger(Callback):
     your own. When ``fit`` ends, the best weights (as ``fit`` restores them, or the
     ``ckpt_path`` file, under its own name) are stored as the artifact ``best.safetensors`` and the run is
     ended as ``FINISHED`` (also after early stopping), ``KILLED`` (Ctrl-C) or ``FAILED``
-    (an error). ``run_id`` names the run afterwards. Only the main process logs.
+    (an error). ``run_id`` names the run afterwards. Only the main process logs; with
+    ``fit(devices=k)`` from a notebook that is a worker, so ``run_id`` stays unset in the
+    notebook: find the run in the store (``MlflowClient(uri).search_runs(...)``).
 
     Example::
 
