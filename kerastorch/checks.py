@@ -38,11 +38,19 @@ def check_fit(model: Any, train_data: Any, val_data: Any, settings: FitSettings)
             "fit call out of the no_grad block."
         )
     check_loss_fn(model)
+    check_torchkeras_runners(model)
     check_optimizer(model)
     check_lr_scheduler(model)
+    warn_if_scheduler_looks_per_batch(model, settings)
     check_callbacks(settings.callbacks)
     watch, step, output = settings.monitoring, settings.step, settings.output
     _check_whole_number("epochs", settings.epochs, minimum=0)
+    if isinstance(watch.patience, (str, os.PathLike)):
+        raise TypeError(
+            f"patience={watch.patience!r} looks like a file path. fit's fourth argument is patience (Keras's "
+            "order); torchkeras has ckpt_path there. Pass it by name: fit(train_data, val_data, epochs, "
+            f"ckpt_path={os.fspath(watch.patience)!r})."
+        )
     if watch.patience is not None:
         _check_whole_number("patience", watch.patience, minimum=0, hint="or patience=None to never stop early")
     _check_whole_number("gradient_accumulation_steps", step.accumulation_steps, minimum=1)
@@ -107,6 +115,41 @@ def check_optimizer(model) -> None:
             f"{', '.join(left_out[:5])}{' ...' if len(left_out) > 5 else ''} (added to the net after the optimizer "
             f"was built?). They will not learn. Build the optimizer after the net is complete: optimizer={example}, "
             "or freeze them on purpose with requires_grad_(False).",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+def check_torchkeras_runners(model) -> None:
+    """torchkeras's ``KerasModel.StepRunner = MyStepRunner`` is not how a step changes here: say so
+    (silently training with the default step would be worse)."""
+    for name in ("StepRunner", "EpochRunner"):
+        runner = getattr(type(model), name, None)
+        if runner is not None:
+            raise TypeError(
+                f"{type(model).__name__}.{name} = {getattr(runner, '__name__', runner)!r} is torchkeras's way to "
+                "change the training step; kerastorch does not call it. Subclass KerasModel and override "
+                "train_step(self, batch) -> (loss, preds, labels) instead, calling self.forward_batch(batch), "
+                "self.backward(loss) and self.optimizer_step() (or forward_batch alone, for another loss or batch "
+                f"layout), then remove the {name} assignment."
+            )
+
+
+def warn_if_scheduler_looks_per_batch(model, settings: FitSettings) -> None:
+    """A OneCycleLR sized in batches, stepped once per epoch, would barely move: say how to step it per batch."""
+    scheduler = model.lr_scheduler
+    total = getattr(scheduler, "total_steps", None)
+    if (
+        isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR)
+        and settings.step.scheduler_interval == "epoch"
+        and isinstance(total, int)
+        and isinstance(settings.epochs, int)
+        and total > settings.epochs
+    ):
+        warnings.warn(
+            f"The OneCycleLR has total_steps={total} but fit steps the scheduler once per epoch ({settings.epochs} "
+            "epochs), so the cycle would not finish. A scheduler sized in batches (as torchkeras steps them) "
+            "needs KerasModel(..., lr_scheduler_interval='step').",
             UserWarning,
             stacklevel=4,
         )

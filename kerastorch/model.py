@@ -371,6 +371,25 @@ class KerasModel(ModelParts):
         finally:
             self.lr_scheduler, self.lr_scheduler_interval = None, "epoch"
 
+    def fit_ddp(
+        self,
+        num_processes: int = 2,
+        train_data: Any = None,
+        val_data: Any = None,
+        epochs: int = 10,
+        **fit_arguments: Any,
+    ) -> pd.DataFrame:
+        """torchkeras's name for ``fit(..., devices=num_processes)``: train in that many processes
+        (GPUs, or CPU processes with ``accelerator="cpu"``) and get the result back in this model.
+
+        Example::
+
+            history = model.fit_ddp(2, dl_train, dl_val, epochs=5, accelerator="cpu")
+        """
+        if "devices" in fit_arguments:
+            raise ValueError("fit_ddp takes num_processes=, which is fit's devices=: pass only one of them.")
+        return self.fit(train_data, val_data, epochs, devices=num_processes, **fit_arguments)
+
     # -- the training step: override train_step for a custom update ---------------------
 
     def train_step(self, batch: Any) -> tuple[torch.Tensor, Any, Any]:
