@@ -1,6 +1,8 @@
 """Weight files: written atomically, read without ever running code from the file.
 
-Weights are stored with safetensors. A file is first written next to its target under
+Weights are stored with safetensors, or in torch's own format (a plain dict of tensors)
+when the path ends in ``.pt``, ``.pth``, ``.ckpt`` or ``.bin`` or has no extension, as
+programs that reload it with ``torch.load`` expect. A file is first written next to its target under
 a temporary name, flushed to disk, then renamed over the target, so a crash or a kill
 leaves either the old file or the new one, never half of one. Reading accepts
 safetensors files and, for files made with ``torch.save(net.state_dict())``,
@@ -89,11 +91,30 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
         write(tmp)
 
 
+# Paths that name torch's own format: programs reload them with net.load_state_dict(torch.load(path)).
+TORCH_FORMAT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
+
+
+def writes_torch_format(path: str | os.PathLike) -> bool:
+    """True for ``.pt`` / ``.pth`` / ``.ckpt`` / ``.bin`` or no extension; safetensors otherwise.
+
+    >>> writes_torch_format("checkpoint.pt"), writes_torch_format("checkpoint"), writes_torch_format("w.safetensors")
+    (True, True, False)
+    """
+    suffix = os.path.splitext(os.fspath(path))[1].lower()
+    return suffix in TORCH_FORMAT_SUFFIXES or suffix == ""
+
+
 def save_weights(state_dict: dict[str, torch.Tensor], path: str | os.PathLike) -> None:
-    """Write a state dict as a safetensors file, atomically."""
+    """Write a state dict atomically: torch's format (a plain dict of tensors, which
+    ``torch.load(path, weights_only=True)`` reads) for ``.pt`` / ``.pth`` / ``.ckpt`` / ``.bin``
+    or no extension, safetensors for anything else (``.safetensors``)."""
     # safetensors refuses tensors that share memory (tied weights); separate copies load back the same.
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
-    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt", "writer": "kerastorch"}))
+    if writes_torch_format(path):
+        atomic_write(path, lambda tmp: torch.save(tensors, tmp))
+    else:
+        atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt", "writer": "kerastorch"}))
 
 
 def _is_safetensors(path: str) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import pandas as pd
 import torch
@@ -145,7 +145,9 @@ class KerasModel(ModelParts):
                 with acc, auc, f1, precision, recall, iou, dice, r2 or score, ``"min"`` otherwise.
                 fit's first printed line says which was chosen.
             min_delta: the smallest change that counts as an improvement.
-            ckpt_path: also write the best weights to this file (safetensors, atomically).
+            ckpt_path: also write the best weights to this file, atomically: safetensors, or torch's
+                format (``torch.load(path, weights_only=True)`` reads it) for ``.pt`` / ``.pth`` /
+                ``.ckpt`` / ``.bin`` or no extension.
             resume: with ``ckpt_path``, write the whole training state to ``ckpt_path + ".state"``
                 after every epoch and continue from it when it exists (see
                 :class:`~kerastorch.callbacks.TrainingState`).
@@ -516,8 +518,50 @@ class KerasModel(ModelParts):
 
     # -- weights ---------------------------------------------------------------------------
 
+    # -- the net's own methods: torchkeras's KerasModel is an nn.Module, and its programs call them --
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """``model(x)`` is ``model.net(x)``."""
+        return self.net(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """``model.forward(x)`` is ``model.net(x)``."""
+        return self.net(*args, **kwargs)
+
+    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]:
+        """The net's parameters (each once)."""
+        return self.net.parameters(recurse)
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        """The net's named parameters, under the net's own names."""
+        return unwrap(self.net).named_parameters(prefix, recurse)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The net's state dict, under the net's own keys (what checkpoints hold)."""
+        return unwrap(self.net).state_dict()
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True) -> Any:
+        """Load a state dict of the net's keys into the net."""
+        return unwrap(self.net).load_state_dict(state_dict, strict)
+
+    def train(self, mode: bool = True) -> KerasModel:
+        """Put the net in training mode (``mode=False``: eval mode); returns this model."""
+        self.net.train(mode)
+        return self
+
+    def eval(self) -> KerasModel:
+        """Put the net in eval mode; returns this model."""
+        self.net.eval()
+        return self
+
+    def to(self, *args: Any, **kwargs: Any) -> KerasModel:
+        """Move the net (``model.to(device)``); returns this model. ``fit`` places the net itself."""
+        self.net.to(*args, **kwargs)
+        return self
+
     def save_ckpt(self, path: Union[str, os.PathLike]) -> None:
-        """Write the net's weights to ``path`` (safetensors, atomically)."""
+        """Write the net's weights to ``path``, atomically: safetensors, or torch's format for
+        ``.pt`` / ``.pth`` / ``.ckpt`` / ``.bin`` or no extension."""
         save_weights(unwrap(self.net).state_dict(), path)
 
     def load_ckpt(self, path: Union[str, os.PathLike]) -> None:

@@ -81,3 +81,69 @@ def test_fit_ddp_is_fit_on_that_many_processes():
     assert list(history["epoch"]) == [1, 2] and history["val_loss"].iloc[-1] < history["val_loss"].iloc[0] + 1
     with pytest.raises(ValueError, match="pass only one of them"):
         model.fit_ddp(2, data(), epochs=1, devices=2)
+
+
+def test_the_model_answers_the_net_calls_torchkeras_programs_make():
+    model = make_model()
+    net = model.net
+    x = torch.randn(5, 4)
+    assert torch.equal(model(x), net(x)) and torch.equal(model.forward(x), net(x))
+    assert list(model.parameters()) == list(net.parameters())
+    assert [name for name, _ in model.named_parameters()] == [name for name, _ in net.named_parameters()]
+    assert model.eval() is model and not net.training
+    assert model.train() is model and net.training
+    assert model.to("cpu") is model
+    state = model.state_dict()
+    assert list(state) == list(net.state_dict())  # the net's own keys, as checkpoints hold them
+    model.load_state_dict({k: torch.zeros_like(v) for k, v in state.items()})
+    assert all(not p.any() for p in net.parameters())
+
+
+@pytest.mark.parametrize("name, torch_format", [("checkpoint.pt", True), ("ckpt", True), ("best.safetensors", False)])
+def test_checkpoints_are_in_the_format_their_name_says(tmp_path, name, torch_format):
+    from safetensors.torch import load_file
+
+    model = make_model()
+    history = model.fit(data(), data(), epochs=3, ckpt_path=tmp_path / name, monitor="val_loss", verbose=0)
+    path = tmp_path / name
+    if torch_format:  # what torchkeras programs do: net.load_state_dict(torch.load(ckpt_path))
+        state = torch.load(path, weights_only=True)
+    else:
+        state = load_file(path)
+    fresh = make_model()
+    fresh.net.load_state_dict(state)
+    assert fresh.evaluate(data(), quiet=True)["val_loss"] == pytest.approx(history["val_loss"].min())
+    other = make_model()
+    other.load_ckpt(path)  # load_ckpt reads both, without unpickling code
+    assert all(torch.equal(a, b) for a, b in zip(other.net.parameters(), fresh.net.parameters()))
+
+
+def test_a_loss_that_closes_over_the_net_and_a_net_taking_one_tuple_train():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+    def regularised(preds, labels):  # torchkeras programs add an L2 term through the net
+        return nn.functional.cross_entropy(preds, labels) + 1e-3 * sum((p**2).sum() for p in net.parameters())
+
+    model = kt.KerasModel(net, regularised, optimizer=torch.optim.Adam(net.parameters(), lr=1e-2))
+    history = model.fit(data(), data(), epochs=5, patience=None, verbose=0)
+    assert history["val_loss"].iloc[-1] < history["val_loss"].iloc[0]
+
+    class NumAndCat(nn.Module):  # one input: a tuple (x_num, x_cat)
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(3, 2)
+            self.head = nn.Linear(4 + 2, 2)
+
+        def forward(self, inputs):
+            x_num, x_cat = inputs
+            return self.head(torch.cat([x_num, self.embed(x_cat)], dim=1))
+
+    g = torch.Generator().manual_seed(0)
+    x_num, x_cat = torch.randn(96, 4, generator=g), torch.randint(0, 3, (96,), generator=g)
+    y = ((x_num[:, 0] > 0) ^ (x_cat == 1)).long()
+    batches = [((x_num[i : i + 16], x_cat[i : i + 16]), y[i : i + 16]) for i in range(0, 96, 16)]
+    torch.manual_seed(0)
+    tuple_model = kt.KerasModel(NumAndCat(), nn.CrossEntropyLoss(), optimizer=None)
+    tuple_history = tuple_model.fit(batches, batches, epochs=8, patience=None, verbose=0)
+    assert tuple_history["val_loss"].iloc[-1] < tuple_history["val_loss"].iloc[0]
