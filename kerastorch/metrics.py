@@ -6,16 +6,14 @@ positive when ``sigmoid(output) >= 0.5``) and on labels that may be floats (posi
 not: ``AUC`` and ``KS`` come from the whole ROC curve rather than 10,000 score bins. Being
 torchmetrics metrics, they combine exactly over several processes.
 
-=========  =================================================  ==========================
-name       what                                               torchmetrics underneath
-=========  =================================================  ==========================
-Accuracy   share of samples on the right side of 0.5          ``BinaryAccuracy``
-Precision  true positives / predicted positives               ``BinaryPrecision``
-Recall     true positives / actual positives                  ``BinaryRecall``
-AUC        area under the ROC curve                           ``BinaryAUROC``
-KS         Kolmogorov-Smirnov: the largest ``TPR - FPR``      ``BinaryROC``
-IOU        mean intersection over union of the classes        ``MulticlassJaccardIndex``
-=========  =================================================  ==========================
+| name | what | torchmetrics underneath |
+| --- | --- | --- |
+| `Accuracy` | share of samples on the right side of 0.5 | `BinaryAccuracy` |
+| `Precision` | true positives / predicted positives | `BinaryPrecision` |
+| `Recall` | true positives / actual positives | `BinaryRecall` |
+| `AUC` | area under the ROC curve | `BinaryAUROC` |
+| `KS` | Kolmogorov-Smirnov: the largest `TPR - FPR` | `BinaryROC` |
+| `IOU` | mean intersection over union of the classes | `MulticlassJaccardIndex` |
 """
 
 from __future__ import annotations
