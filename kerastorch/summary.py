@@ -80,7 +80,14 @@ def _clip(text: str, width: int) -> str:
 
 
 def summary(
-    net_or_model: Any, input_data: Any = None, input_shape: Optional[Sequence] = None, print_table: bool = True
+    net_or_model: Any,
+    input_data: Any = None,
+    input_shape: Optional[Sequence] = None,
+    print_table: bool = True,
+    *,
+    input_data_args: Optional[Sequence] = None,
+    input_dtype: Any = None,
+    batch_size: Optional[int] = None,
 ) -> ModelSummary:
     """Run one forward pass (eval mode, no gradients) and tabulate the layers it went through.
 
@@ -91,6 +98,11 @@ def summary(
     shapes for several inputs; a batch of zeros in the net's dtype is used. Output
     shapes show the batch dimension as ``-1``.
 
+    torchkeras's keywords work too: ``input_data_args=(q, k, v)`` is ``input_data`` for a net
+    called as ``net(q, k, v)``; ``input_dtype`` (``torch.long``, or torchkeras's
+    ``torch.LongTensor``) is the dtype of the zeros made from ``input_shape`` (default: the
+    net's); ``batch_size`` is accepted and ignored (the batch shows as ``-1``).
+
     Prints the table (unless ``print_table=False``) and returns a :class:`ModelSummary`.
 
     >>> info = kt.summary(create_cnn(), input_shape=(1, 28, 28))      # doctest: +SKIP
@@ -98,6 +110,10 @@ def summary(
     53994
     """
     net = unwrap(getattr(net_or_model, "net", net_or_model))
+    if input_data_args is not None:
+        if input_data is not None:
+            raise ValueError("summary takes input_data or input_data_args (torchkeras's name for it), not both.")
+        input_data = tuple(input_data_args)
     if not isinstance(net, nn.Module):
         raise TypeError(f"summary takes a net (nn.Module) or a KerasModel; got a {type(net_or_model).__name__}.")
     if (input_data is None) == (input_shape is None):
@@ -109,7 +125,7 @@ def summary(
     made_from_shape = input_data is None
     if input_data is None:
         assert input_shape is not None  # exactly one of the two was given, checked above
-        input_data = _zeros_for(input_shape, params)
+        input_data = _zeros_for(input_shape, params, input_dtype)
 
     names = {module: name for name, module in net.named_modules()}  # shared modules: their first name
     tracked = [m for m in names if _is_leaf(m) or _own_params(m)]
@@ -191,9 +207,13 @@ def _label(module: nn.Module, names: dict) -> str:
     return f"{name} ({kind})" if name else kind
 
 
-def _zeros_for(input_shape: Sequence, params: list) -> Any:
+def _zeros_for(input_shape: Sequence, params: list, input_dtype: Any = None) -> Any:
     device = params[0].device if params else torch.device("cpu")
     dtype = next((p.dtype for p in params if p.is_floating_point()), torch.float32)
+    if isinstance(input_dtype, torch.dtype):
+        dtype = input_dtype
+    elif input_dtype is not None:  # torchkeras passes tensor types: torch.FloatTensor, torch.LongTensor
+        dtype = torch.zeros(0).type(input_dtype).dtype
     shapes = list(input_shape)
     if shapes and all(isinstance(s, (list, tuple, torch.Size)) for s in shapes):  # several inputs
         return tuple(torch.zeros((1, *s), device=device, dtype=dtype) for s in shapes)

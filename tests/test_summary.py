@@ -177,3 +177,25 @@ def test_beginner_errors_say_what_to_pass():
         kt.summary(net, input_shape=(-1, 5))
     with pytest.raises(TypeError, match=r"a net \(nn.Module\) or a KerasModel; got a str"):
         kt.summary("not a net", input_shape=(5,))
+
+
+def test_torchkeras_keywords_input_data_args_and_input_dtype():
+    from kerastorch.summary import summary  # torchkeras's import path
+
+    class Attention(nn.Module):  # called as net(q, k, v)
+        def __init__(self):
+            super().__init__()
+            self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
+
+        def forward(self, q, k, v):
+            return self.attention(q, k, v)[0]
+
+    q = torch.randn(2, 5, 8)
+    info = summary(Attention(), input_data_args=(q, q, q), print_table=False)
+    assert info.total_params == sum(p.numel() for p in Attention().parameters())
+    embedding = nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 2))  # takes integer ids
+    for dtype in (torch.long, torch.LongTensor):
+        info = summary(embedding, input_shape=(3,), input_dtype=dtype, print_table=False)
+        assert info.total_params == 10 * 4 + 12 * 2 + 2
+    with pytest.raises(ValueError, match="not both"):
+        summary(Attention(), input_data=q, input_data_args=(q, q, q))
