@@ -28,7 +28,7 @@ from .data import FitData, keras_positional
 from .doctor import Diagnosis
 from .interpret import Interpretation
 from .parts import ModelParts
-from .runtime import Runtime
+from .runtime import LocalAccelerator, Runtime
 from .settings import DataSettings, fit_settings, fit_settings_devices
 from .step import StepRunner
 from .tuning import LRFinderResult
@@ -77,6 +77,7 @@ class KerasModel(ModelParts):
         self.stop_training = False
         self.runtime: Optional[Runtime] = None
         self.step_runner: Optional[StepRunner] = None  # set while fit trains
+        self.run_id: Optional[str] = None  # the Weights & Biases run's id, once a WandbLogger started one
 
     # -- training --------------------------------------------------------------------
 
@@ -519,6 +520,16 @@ class KerasModel(ModelParts):
     # -- weights ---------------------------------------------------------------------------
 
     # -- the net's own methods: torchkeras's KerasModel is an nn.Module, and its programs call them --
+
+    @property
+    def accelerator(self) -> Any:
+        """accelerate's ``Accelerator`` while ``fit`` trains (torchkeras programs reach it as
+        ``model.accelerator``); outside ``fit``, a :class:`~kerastorch.runtime.LocalAccelerator`
+        for this one process (its ``device`` is the net's)."""
+        runtime = self.runtime
+        if self.step_runner is not None and runtime is not None and runtime.accelerator is not None:
+            return runtime.accelerator
+        return LocalAccelerator(self.net)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """``model(x)`` is ``model.net(x)``."""

@@ -19,6 +19,7 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import patch_environment, recursively_apply
 
+from .checkpoint import unwrap
 from .options import AUTOCAST_DTYPES, PARAM_DTYPES, TRUE_PRECISION_OF
 from .plan import Plan
 
@@ -122,6 +123,46 @@ class Runtime:
         """Forget accelerate's process-wide state, so the next fit may choose differently."""
         if self.owns_state:
             reset_accelerate_state()
+
+
+class LocalAccelerator:
+    """What torchkeras programs ask of ``model.accelerator`` outside ``fit``, for this one process:
+    the net's device, ``print``, ``unwrap_model``, ``prepare`` (which has nothing to do),
+    ``get_state_dict`` and ``save``. While ``fit`` runs, ``model.accelerator`` is accelerate's own."""
+
+    num_processes = 1
+    process_index = 0
+    is_main_process = True
+    is_local_main_process = True
+
+    def __init__(self, net: torch.nn.Module):
+        self.net = net
+
+    @property
+    def device(self) -> torch.device:
+        tensors: list[torch.Tensor] = [*self.net.parameters()] or [*self.net.buffers()]
+        return tensors[0].device if tensors else torch.device("cpu")
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        print(*args, **kwargs)
+
+    def unwrap_model(self, model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
+        return unwrap(model)
+
+    def prepare(self, *objects: Any, **kwargs: Any) -> Any:
+        return objects[0] if len(objects) == 1 else objects
+
+    def get_state_dict(self, model: torch.nn.Module, **kwargs: Any) -> dict:
+        return unwrap(model).state_dict()
+
+    def save(self, obj: Any, path: Any, **kwargs: Any) -> None:
+        torch.save(obj, path)
+
+    def wait_for_everyone(self) -> None:
+        """Nothing to wait for in one process."""
+
+    def gather(self, tensor: Any) -> Any:
+        return tensor
 
 
 def reset_accelerate_state() -> None:

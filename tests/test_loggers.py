@@ -155,6 +155,7 @@ def test_wandb_logger_writes_an_offline_run(tmp_path, monkeypatch):
     wandb.teardown()  # wandb's service writes the run file in the background; wait for it
     run_files = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
     assert len(run_files) == 1
+    assert model.run_id and run_files[0].endswith(f"run-{model.run_id}.wandb")  # torchkeras's model.run_id
     data = open(run_files[0], "rb").read()
     # The run file holds each logged value as JSON text.
     for column in history.columns:

@@ -147,3 +147,26 @@ def test_a_loss_that_closes_over_the_net_and_a_net_taking_one_tuple_train():
     tuple_model = kt.KerasModel(NumAndCat(), nn.CrossEntropyLoss(), optimizer=None)
     tuple_history = tuple_model.fit(batches, batches, epochs=8, patience=None, verbose=0)
     assert tuple_history["val_loss"].iloc[-1] < tuple_history["val_loss"].iloc[0]
+
+
+def test_model_accelerator_during_fit_is_accelerates_and_after_it_answers_for_this_process(tmp_path):
+    seen = {}
+
+    class Look(kt.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            accelerator = self.model.accelerator
+            seen["type"] = type(accelerator).__name__
+            seen["device"] = accelerator.device
+            seen["main"] = accelerator.is_main_process
+
+    model = make_model()
+    model.fit(data(), epochs=1, verbose=0, callbacks=[Look()])
+    assert seen == {"type": "Accelerator", "device": torch.device("cpu"), "main": True}
+    # After fit, what torchkeras programs do with it still works, for this one process.
+    accelerator = model.accelerator
+    assert accelerator.device == next(model.net.parameters()).device and accelerator.is_main_process
+    net = accelerator.unwrap_model(model.net)
+    accelerator.save(accelerator.get_state_dict(net), tmp_path / "net.pt")
+    assert set(torch.load(tmp_path / "net.pt", weights_only=True)) == set(model.net.state_dict())
+    loader = data()
+    assert accelerator.prepare(loader) is loader

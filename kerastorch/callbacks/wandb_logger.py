@@ -106,6 +106,7 @@ class WandbLogger(Callback):
             config = {**self._run_description(), **self.config}
             self.run = self.wandb.init(project=self.project, name=self.name, config=config, **self.init_kwargs)
             self.owns_run = True
+        self.model.run_id = self.run.id  # torchkeras programs read the run's id from the model
         # Every value is drawn against the epoch, not wandb's own step counter.
         self.run.define_metric("epoch", hidden=True)
         self.run.define_metric("*", step_metric="epoch")
