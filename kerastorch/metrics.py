@@ -31,44 +31,33 @@ from torchmetrics.classification import (
 )
 
 
-def probabilities_and_labels(preds: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """torchkeras's reading of a binary batch: ``sigmoid`` of the outputs, labels positive above 0.5."""
-    return torch.sigmoid(preds.float()).reshape(-1), (targets.reshape(-1) > 0.5).long()
+class FromLogits:
+    """torchkeras's reading of a binary batch, before a torchmetrics binary metric's own update:
+    ``sigmoid`` of the outputs, labels positive above 0.5."""
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        probabilities, labels = torch.sigmoid(preds.float()).reshape(-1), (target.reshape(-1) > 0.5).long()
+        super().update(probabilities, labels)  # type: ignore[misc]
 
 
-class Accuracy(BinaryAccuracy):
+class Accuracy(FromLogits, BinaryAccuracy):
     """Binary accuracy from logits: ``sigmoid(preds) >= 0.5`` against ``targets > 0.5``."""
 
-    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
-        super().update(*probabilities_and_labels(preds, target))
 
-
-class Precision(BinaryPrecision):
+class Precision(FromLogits, BinaryPrecision):
     """Binary precision from logits (threshold 0.5 on ``sigmoid(preds)``)."""
 
-    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
-        super().update(*probabilities_and_labels(preds, target))
 
-
-class Recall(BinaryRecall):
+class Recall(FromLogits, BinaryRecall):
     """Binary recall from logits (threshold 0.5 on ``sigmoid(preds)``)."""
 
-    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
-        super().update(*probabilities_and_labels(preds, target))
 
-
-class AUC(BinaryAUROC):
+class AUC(FromLogits, BinaryAUROC):
     """The exact area under the ROC curve of ``sigmoid(preds)`` (torchkeras binned the scores)."""
 
-    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
-        super().update(*probabilities_and_labels(preds, target))
 
-
-class KS(BinaryROC):
+class KS(FromLogits, BinaryROC):
     """The Kolmogorov-Smirnov statistic: the largest gap ``TPR - FPR`` over all thresholds."""
-
-    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
-        super().update(*probabilities_and_labels(preds, target))
 
     def compute(self) -> Any:
         false_positive_rate, true_positive_rate, _ = super().compute()
