@@ -517,8 +517,6 @@ class KerasModel(ModelParts):
         """
         return interpret_module.interpret(self, data, y, batch_size)
 
-    # -- weights ---------------------------------------------------------------------------
-
     # -- the net's own methods: torchkeras's KerasModel is an nn.Module, and its programs call them --
 
     @property
@@ -569,6 +567,8 @@ class KerasModel(ModelParts):
         """Move the net (``model.to(device)``); returns this model. ``fit`` places the net itself."""
         self.net.to(*args, **kwargs)
         return self
+
+    # -- weights ---------------------------------------------------------------------------
 
     def save_ckpt(self, path: Union[str, os.PathLike]) -> None:
         """Write the net's weights to ``path``, atomically: safetensors, or torch's format for
