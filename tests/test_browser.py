@@ -35,12 +35,12 @@ def chromium_and_driver() -> tuple[str, str]:
     browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     driver = shutil.which("chromedriver")
     if (browser is None or driver is None) and shutil.which("apt-get") and hasattr(os, "geteuid") and os.geteuid() == 0:
-        subprocess.run(
-            ["apt-get", "install", "-y", "-q", "chromium", "chromium-driver"],
-            capture_output=True,
-            timeout=600,
-            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-        )
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        install = ["apt-get", "install", "-y", "-q", "chromium", "chromium-driver"]
+        if subprocess.run(install, capture_output=True, timeout=600, env=env).returncode != 0:
+            # A fresh machine may have no package lists yet.
+            subprocess.run(["apt-get", "update", "-q"], capture_output=True, timeout=600, env=env)
+            subprocess.run(install, capture_output=True, timeout=600, env=env)
         browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if browser is None or driver is None:
         pytest.skip(
