@@ -136,23 +136,51 @@ def check_torchkeras_runners(model) -> None:
 
 
 def warn_if_scheduler_looks_per_batch(model, settings: FitSettings) -> None:
-    """A OneCycleLR sized in batches, stepped once per epoch, would barely move: say how to step it per batch."""
-    scheduler = model.lr_scheduler
-    total = getattr(scheduler, "total_steps", None)
+    """A scheduler sized in batches (torchkeras steps it after every batch) that fit would step once
+    per epoch: say what it would do here and how to step it per batch."""
+    epochs = settings.epochs
     if (
-        isinstance(scheduler, torch.optim.lr_scheduler.OneCycleLR)
-        and settings.step.scheduler_interval == "epoch"
-        and isinstance(total, int)
-        and isinstance(settings.epochs, int)
-        and total > settings.epochs
+        model.lr_scheduler is None
+        or settings.step.scheduler_interval != "epoch"
+        or not isinstance(epochs, int)
+        or isinstance(epochs, bool)
+        or epochs < 1
     ):
+        return
+    what_it_would_do = _stepped_per_epoch(model.lr_scheduler, epochs)
+    if what_it_would_do is not None:
         warnings.warn(
-            f"The OneCycleLR has total_steps={total} but fit steps the scheduler once per epoch ({settings.epochs} "
-            "epochs), so the cycle would not finish. A scheduler sized in batches (as torchkeras steps them) "
-            "needs KerasModel(..., lr_scheduler_interval='step').",
+            f"{what_it_would_do} A scheduler sized in batches (as torchkeras steps them) needs "
+            "KerasModel(..., lr_scheduler_interval='step'); one sized in epochs is right as it is.",
             UserWarning,
             stacklevel=4,
         )
+
+
+def _stepped_per_epoch(scheduler: Any, epochs: int) -> Optional[str]:
+    """What a scheduler whose sizes look like counts of batches does when stepped once per epoch; None if fine."""
+    schedulers = torch.optim.lr_scheduler
+    if isinstance(scheduler, schedulers.OneCycleLR) and scheduler.total_steps > epochs:
+        return (
+            f"The OneCycleLR has total_steps={scheduler.total_steps} but fit steps the scheduler once per epoch "
+            f"({epochs} epochs), so the cycle would not finish."
+        )
+    if isinstance(scheduler, schedulers.CosineAnnealingLR) and scheduler.T_max > epochs:
+        return (
+            f"The CosineAnnealingLR has T_max={scheduler.T_max} but fit steps the scheduler once per epoch "
+            f"({epochs} epochs), so the rate would stop partway down its cosine."
+        )
+    if isinstance(scheduler, schedulers.CosineAnnealingWarmRestarts) and epochs > scheduler.T_0:
+        restarts, period, ends = 0, scheduler.T_0, scheduler.T_0
+        while ends < epochs:
+            restarts, period = restarts + 1, period * scheduler.T_mult
+            ends += period
+        return (
+            f"The CosineAnnealingWarmRestarts has T_0={scheduler.T_0}; fit steps the scheduler once per epoch, so "
+            f"the rate restarts {restarts} time{'s' if restarts > 1 else ''} in {epochs} epochs (the first after "
+            f"epoch {scheduler.T_0})."
+        )
+    return None
 
 
 def check_lr_scheduler(model) -> None:

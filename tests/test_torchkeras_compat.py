@@ -74,6 +74,33 @@ def test_a_one_cycle_sized_in_batches_but_stepped_per_epoch_is_pointed_out():
     assert history["lr"].iloc[1] > history["lr"].iloc[0]  # the cycle climbs within the run
 
 
+def test_a_warm_restart_period_shorter_than_the_run_is_pointed_out_and_is_what_happens():
+    model = make_model()
+    model.lr_scheduler = torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(model.optimizer, T_0=2)
+    with pytest.warns(UserWarning, match=r"T_0=2; .* restarts 1 time in 3 epochs .* lr_scheduler_interval='step'"):
+        history = model.fit(data(), epochs=3, patience=None, verbose=0)
+    lr = list(history["lr"])
+    assert lr[1] < lr[0] and lr[2] == pytest.approx(lr[0])  # what the warning said: a restart after epoch 2
+
+
+def test_a_cosine_sized_in_batches_is_pointed_out_and_one_sized_in_epochs_is_not():
+    loader = data()
+    model = make_model()
+    model.lr_scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(model.optimizer, T_max=3 * len(loader))
+    with pytest.warns(UserWarning, match=r"T_max=18 .* \(3 epochs\), so the rate would stop partway"):
+        history = model.fit(loader, epochs=3, patience=None, verbose=0)
+    assert history["lr"].iloc[-1] > 0.05  # barely down from 0.1: the cosine was a sixth done
+    for sizes_in_epochs in (
+        lambda optimizer: torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=3),
+        lambda optimizer: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(optimizer, T_0=3),
+    ):
+        fitting = make_model()
+        fitting.lr_scheduler = sizes_in_epochs(fitting.optimizer)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # sized in epochs: nothing to say
+            fitting.fit(loader, epochs=3, patience=None, verbose=0)
+
+
 @pytest.mark.slow
 def test_fit_ddp_is_fit_on_that_many_processes():
     model = make_model()
@@ -81,6 +108,25 @@ def test_fit_ddp_is_fit_on_that_many_processes():
     assert list(history["epoch"]) == [1, 2] and history["val_loss"].iloc[-1] < history["val_loss"].iloc[0] + 1
     with pytest.raises(ValueError, match="pass only one of them"):
         model.fit_ddp(2, data(), epochs=1, devices=2)
+
+
+@pytest.mark.slow
+def test_model_fit_under_accelerates_notebook_launcher_trains_in_processes_that_write_the_checkpoint(tmp_path):
+    from accelerate import notebook_launcher
+
+    ckpt_path = tmp_path / "checkpoint.pt"
+    model = make_model()
+    before = {k: v.clone() for k, v in model.net.state_dict().items()}
+
+    def train(train_data, val_data, epochs):  # the launcher passes positional arguments only
+        model.fit(train_data, val_data, epochs, ckpt_path=ckpt_path, accelerator="cpu", verbose=0)
+
+    notebook_launcher(train, (data(), data(), 2), num_processes=2)  # as torchkeras's notebook 05 does
+    # The processes were forks of this one: their weights come back through the checkpoint only.
+    assert unchanged(model, before)
+    model.net.load_state_dict(torch.load(ckpt_path, weights_only=True))
+    same_run = make_model().fit_ddp(2, data(), data(), epochs=2, accelerator="cpu", verbose=0)
+    assert model.evaluate(data(), quiet=True)["val_loss"] == pytest.approx(same_run["val_loss"].min())
 
 
 def test_the_model_answers_the_net_calls_torchkeras_programs_make():
