@@ -118,7 +118,7 @@ def test_covid_lstm(tmp_path, monkeypatch):
     dfhistory = keras_model.fit(
         train_data=dl_train,
         val_data=dl_val,
-        epochs=30,  # the book: 100
+        epochs=15,  # the book: 100
         ckpt_path="checkpoint",
         patience=10,
         monitor="val_loss",
