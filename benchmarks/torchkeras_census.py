@@ -4,8 +4,9 @@ Reads every notebook (``.ipynb``) and script (``.py``) under the folders given â
 checkouts of lyhue1991/torchkeras and lyhue1991/eat_pytorch_in_20_days, say â€” and counts
 the torchkeras names they use: ``torchkeras.X`` (and ``torchkeras.x.Y``), the names in
 ``from torchkeras[.x] import ...``, and the attributes and keyword arguments they use on a
-``KerasModel`` (``model.fit(..., ckpt_path=...)``, ``model.history``). Then it says, for
-each, whether ``import kerastorch as torchkeras`` has it.
+``KerasModel`` (``model.fit(..., ckpt_path=...)``, ``model.history``), and the class
+attributes they replace (``KerasModel.StepRunner = ...``). Then it says, for each, whether
+``import kerastorch as torchkeras`` has it.
 
     python benchmarks/torchkeras_census.py path/to/torchkeras path/to/eat_pytorch_in_20_days
 """
@@ -26,6 +27,7 @@ NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 ATTRIBUTE = re.compile(rf"\btorchkeras((?:\.{NAME})+)")
 FROM_IMPORT = re.compile(rf"from\s+torchkeras((?:\.{NAME})*)\s+import\s+\(?([^\n)]+)")
 KERAS_MODEL_CALL = re.compile(rf"\bmodel\.({NAME})\b(\()?")
+CLASS_ASSIGNMENT = re.compile(rf"\bKerasModel\.({NAME})\s*=(?!=)")
 KEYWORD = re.compile(rf"\b({NAME})\s*=(?!=)")
 
 
@@ -58,6 +60,7 @@ def census(folders: list[Path]) -> dict[str, collections.Counter]:
     names: collections.Counter = collections.Counter()
     model_attributes: collections.Counter = collections.Counter()
     fit_keywords: collections.Counter = collections.Counter()
+    class_assignments: collections.Counter = collections.Counter()
     for folder in folders:
         for path in sorted([*folder.rglob("*.ipynb"), *folder.rglob("*.py")]):
             code = source_of(path)
@@ -72,9 +75,15 @@ def census(folders: list[Path]) -> dict[str, collections.Counter]:
                         names[f"torchkeras{module}.{name}"] += 1
             for attribute, _ in KERAS_MODEL_CALL.findall(code):
                 model_attributes[attribute] += 1
+            class_assignments.update(CLASS_ASSIGNMENT.findall(code))
             for call in calls_of(code, "fit"):
                 fit_keywords.update(KEYWORD.findall(call))
-    return {"names": names, "model attributes": model_attributes, "fit keywords": fit_keywords}
+    return {
+        "names": names,
+        "model attributes": model_attributes,
+        "fit keywords": fit_keywords,
+        "KerasModel assignments": class_assignments,
+    }
 
 
 def kerastorch_has(dotted: str) -> bool:
@@ -95,23 +104,38 @@ def kerastorch_has(dotted: str) -> bool:
     return False
 
 
+def keras_model_attributes() -> set[str]:
+    """What a KerasModel answers to, including what ``__init__`` and ``fit`` set on the instance
+    (``net``, ``history``, ``ckpt_path``, ``run_id``...), not only its class's methods."""
+    import torch
+
+    net = torch.nn.Linear(2, 1)
+    model = kerastorch.KerasModel(net, torch.nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    model.fit((torch.zeros(4, 2), torch.zeros(4, 1)), epochs=1, verbose=0)
+    return set(dir(model)) | set(vars(model))
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folders", nargs="+", type=Path)
     args = parser.parse_args(argv)
     found = census(args.folders)
     fit_parameters = set(inspect.signature(kerastorch.KerasModel.fit).parameters)
+    answered = keras_model_attributes()
     print("torchkeras names (uses): in kerastorch?")
     for name, count in found["names"].most_common():
         print(f"  {name:<50} {count:4d}  {'yes' if kerastorch_has(name) else 'NO'}")
     print("model.<attribute> (uses): on KerasModel?")
     for name, count in found["model attributes"].most_common():
-        print(
-            f"  {name:<50} {count:4d}  {'yes' if hasattr(kerastorch.KerasModel, name) else 'no (or not a KerasModel)'}"
-        )
+        print(f"  {name:<50} {count:4d}  {'yes' if name in answered else 'no (or not a KerasModel)'}")
     print("fit keywords (uses): accepted by fit?")
     for name, count in found["fit keywords"].most_common():
         print(f"  {name:<50} {count:4d}  {'yes' if name in fit_parameters else 'NO'}")
+    # torchkeras's way to change the step (KerasModel.StepRunner = ...) replaces a class attribute;
+    # kerastorch has no such attribute to replace, and fit refuses the assignment.
+    print("KerasModel.<attribute> = ... (uses): an attribute KerasModel has?")
+    for name, count in found["KerasModel assignments"].most_common():
+        print(f"  {name:<50} {count:4d}  {'yes' if hasattr(kerastorch.KerasModel, name) else 'NO'}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ the files torchkeras writes:
 | torchkeras | here | files |
 | --- | --- | --- |
 | `TensorBoardCallback(save_dir, model_name, log_weight, log_weight_freq)` | `TensorBoard` | `save_dir/model_name/<time>/`: events, `dfhistory.csv` |
-| `WandbCallback(project, config, name, save_ckpt, save_code)` | `WandbLogger` | the wandb run |
+| `WandbCallback(project, config, name, save_ckpt, save_code)` | `WandbLogger` | the wandb run: `best_score`, `dfhistory.csv`, the `checkpoint` artifact |
 | `EpochCheckpoint(ckpt_dir, save_freq, max_ckpt)` | `ModelCheckpoint` | `ckpt_dir/checkpoint_epoch<N>.pt`, the last `max_ckpt` |
 | `VisMetric(figsize, save_path)` | `LivePlot` | the plot, and `save_path` at the end |
 | `VisProgress()` | fit's own progress | — |
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 from typing import Any, Callable, Optional
 
 from .callbacks.base import Callback
@@ -46,8 +47,12 @@ class TensorBoardCallback(TensorBoard):
 
 
 class WandbCallback(WandbLogger):
-    """torchkeras's Weights & Biases logging: ``save_ckpt`` stores the best weights as an
-    artifact, ``save_code`` asks wandb to save the code."""
+    """torchkeras's Weights & Biases logging, with the run's files torchkeras writes: the best
+    monitored value as ``best_score`` in the run's summary (besides ``best_<monitor>``), the
+    history as ``dfhistory.csv`` in the run's folder, and with ``save_ckpt`` the file at
+    ``fit(ckpt_path=...)`` as a model artifact named ``checkpoint`` (and a copy in the run's
+    folder); without a ``ckpt_path`` the best weights are stored as ``weights.safetensors``.
+    ``save_code`` asks wandb to save the code; ``name`` defaults to the date and time."""
 
     def __init__(
         self,
@@ -58,9 +63,30 @@ class WandbCallback(WandbLogger):
         save_code: bool = True,
         **init_kwargs: Any,
     ):
+        if name is None:
+            name = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
         super().__init__(
             project=project, name=name, config=config, log_weights=save_ckpt, save_code=save_code, **init_kwargs
         )
+        self.save_ckpt = save_ckpt
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if self.run is not None and self.best is not None:
+            self.run.summary["best_score"] = self.best  # the key torchkeras's run tables sort by
+
+    def on_train_end(self, logs=None):
+        ckpt_path = self.model.ckpt_path
+        has_ckpt = ckpt_path is not None and os.path.isfile(ckpt_path)
+        if self.run is not None:
+            self.model.history.to_csv(os.path.join(self.run.dir, "dfhistory.csv"), index=False)
+            if self.save_ckpt and has_ckpt:
+                shutil.copy(ckpt_path, os.path.join(self.run.dir, os.path.basename(ckpt_path)))
+                artifact = self.wandb.Artifact("checkpoint", type="model")
+                artifact.add_file(str(ckpt_path))
+                self.run.log_artifact(artifact)
+        self.log_weights = self.save_ckpt and not has_ckpt  # the checkpoint already is the weights
+        super().on_train_end(logs)
 
 
 class EpochCheckpoint(ModelCheckpoint):

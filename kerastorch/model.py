@@ -78,6 +78,10 @@ class KerasModel(ModelParts):
         self.runtime: Optional[Runtime] = None
         self.step_runner: Optional[StepRunner] = None  # set while fit trains
         self.run_id: Optional[str] = None  # the Weights & Biases run's id, once a WandbLogger started one
+        # The last fit's choices, read back as torchkeras programs do (model.ckpt_path, model.mode).
+        self.ckpt_path: Optional[Union[str, os.PathLike]] = None
+        self.monitor: Optional[str] = None
+        self.mode: Optional[str] = None
 
     # -- training --------------------------------------------------------------------
 
@@ -253,6 +257,8 @@ class KerasModel(ModelParts):
             settings = dataclasses.replace(
                 settings, monitoring=dataclasses.replace(watch, mode=chosen, mode_was_auto=True)
             )
+        watch = settings.monitoring
+        self.ckpt_path, self.monitor, self.mode = watch.ckpt_path, watch.monitor, watch.mode
         self.history = run.fit(self, FitData(train_data, val_data, y, sample_weight), settings)
         return self.history
 

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import torch
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState, GradientState
+from accelerate.state import AcceleratorState, GradientState, PartialState
 from accelerate.utils import patch_environment, recursively_apply
 
 from .checkpoint import unwrap
@@ -38,6 +38,7 @@ class Runtime:
     output_device: Optional[torch.device] = None  # set for a net spread over devices (model parallel)
     strategy: str = "auto"  # "fsdp": kerastorch.fsdp shards the net over the processes
     fsdp_wrap: tuple[type, ...] = ()
+    callers_state: tuple = ()  # accelerate's state as the caller had it before fit (see saved_accelerate_state)
 
     @property
     def num_processes(self) -> int:
@@ -123,6 +124,7 @@ class Runtime:
         """Forget accelerate's process-wide state, so the next fit may choose differently."""
         if self.owns_state:
             reset_accelerate_state()
+            restore_accelerate_state(self.callers_state)
 
 
 class LocalAccelerator:
@@ -171,6 +173,19 @@ def reset_accelerate_state() -> None:
     GradientState._reset_state()
 
 
+def saved_accelerate_state() -> tuple:
+    """accelerate's process-wide state as it is now: an ``Accelerator`` the caller built before
+    ``fit`` shares it, and must find it again afterwards (not reset under its feet)."""
+    return tuple(dict(cls._shared_state) for cls in (PartialState, AcceleratorState, GradientState))
+
+
+def restore_accelerate_state(saved: tuple) -> None:
+    """Put back what :func:`saved_accelerate_state` saw (nothing, if it saw no state)."""
+    # accelerate's states are borgs: every instance's __dict__ is the class's one _shared_state dict.
+    for cls, state in zip((PartialState, AcceleratorState, GradientState), saved):
+        cls._shared_state.update(state)
+
+
 def build_runtime(plan: Plan) -> Runtime:
     """Build accelerate's ``Accelerator`` for a plan that runs ``"here"`` or as one ``"rank"``.
 
@@ -184,6 +199,7 @@ def build_runtime(plan: Plan) -> Runtime:
         raise ValueError(f"build_runtime runs a plan in this process; this one runs in {plan.where!r}.")
     in_job = plan.where == "rank"
     precision = plan.precision
+    callers_state = () if in_job else saved_accelerate_state()
     if not in_job:
         reset_accelerate_state()
     # accelerate has no device-id argument; its single-device override names the exact device.
@@ -196,6 +212,7 @@ def build_runtime(plan: Plan) -> Runtime:
         if precision.startswith("bf16") and not torch.cuda.is_bf16_supported():
             if not in_job:
                 reset_accelerate_state()
+                restore_accelerate_state(callers_state)
             raise ValueError(
                 f"precision={precision!r}: {torch.cuda.get_device_name(acc.device)} has no bfloat16 support. "
                 "Use precision='16-mixed' on this GPU."
@@ -215,6 +232,7 @@ def build_runtime(plan: Plan) -> Runtime:
         owns_state=not in_job,
         strategy=plan.strategy,
         fsdp_wrap=plan.fsdp_wrap,
+        callers_state=callers_state,
     )
 
 

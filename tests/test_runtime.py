@@ -269,3 +269,20 @@ def test_devices_list_runs_on_that_gpu_even_under_a_mask():
     assert _run_python(code) == "cuda:1 1"
     reversed_mask = ",".join(str(i) for i in reversed(range(torch.cuda.device_count())))
     assert _run_python(code, CUDA_VISIBLE_DEVICES=reversed_mask) == "cuda:1 1"
+
+
+def test_an_accelerator_built_before_fit_still_works_after_it():
+    # accelerate's state is shared by every Accelerator; fit builds its own and must give the
+    # caller's back rather than leave it reset (as a book chapter prints accelerator.device, fits,
+    # and goes on using its accelerator).
+    import accelerate
+
+    accelerator = accelerate.Accelerator(cpu=True)
+    net = torch.nn.Linear(3, 1)
+    model = kt.KerasModel(net, torch.nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    history = model.fit((torch.randn(16, 3), torch.randn(16, 1)), epochs=2, batch_size=8, verbose=0)
+
+    assert len(history) == 2
+    assert accelerator.device == torch.device("cpu")
+    loader = accelerator.prepare(torch.utils.data.DataLoader(torch.arange(6.0), batch_size=3))
+    assert [batch.tolist() for batch in loader] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]

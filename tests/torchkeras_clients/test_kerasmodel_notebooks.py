@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 
 import pandas as pd
 import pytest
@@ -128,6 +129,95 @@ def test_01_kerasmodel_example(mnist_like):
     assert model_clone.evaluate(dl_val)["val_acc"] == pytest.approx(best)  # the checkpoint is the best epoch's
     net_clone.load_state_dict(torch.load("checkpoint", weights_only=True))  # a plain torch file, as in torchkeras
     assert os.path.isfile("kerastorch_history.png")  # plot=True outside a notebook saves the plot
+
+
+def last_summary_value(log_path: str, key: str) -> float:
+    """The last value an offline wandb run's log gives a summary key. The log is protobuf
+    records: the key, then its value as JSON in field 16 (tag bytes 0x82 0x01, a length)."""
+    log = open(log_path, "rb").read()
+    matches = list(re.finditer(re.escape(key.encode()) + rb"\x82\x01([\x00-\x7f])", log))
+    assert matches, f"{key} not in the run's summary"
+    last = matches[-1]
+    return float(log[last.end() : last.end() + last.group(1)[0]])
+
+
+def test_02_kerasmodel_wandb_demo(mnist_like, monkeypatch):
+    """Offline (no account here): the cells that resume the run on the server and query its
+    API (``wandb.init(id=model.run_id, resume="must")``, ``wandb.Api()``) are left out; what
+    they read (``best_score``, the ``checkpoint`` artifact, ``model.mode``) is checked in the
+    run's own files."""
+    wandb = pytest.importorskip("wandb", reason="the wandb extra is not installed")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", os.getcwd())
+    from argparse import Namespace
+
+    config = Namespace(
+        batch_size=256,
+        lr=1e-3,
+        dropout_p=0.1,
+    )
+    ds_train, dl_train, dl_val = mnist_like
+    for features, labels in dl_train:  # noqa: B007 (as upstream: the first batch)
+        break
+
+    net = create_net()  # upstream: create_net(config), the same layers with config.dropout_p
+
+    model = torchkeras.KerasModel(
+        net,
+        loss_fn=nn.CrossEntropyLoss(),
+        optimizer=torch.optim.Adam(net.parameters(), lr=0.001),
+        metrics_dict={"acc": Accuracy()},
+    )
+
+    from kerastorch import summary
+
+    summary(model, input_data=features)
+
+    from kerastorch.kerascallbacks import WandbCallback
+
+    wandb_cb = WandbCallback(project="mnist_torchkeras", config=config, name=None, save_code=True, save_ckpt=True)
+
+    dfhistory = model.fit(
+        train_data=dl_train,
+        val_data=dl_val,
+        epochs=3,  # upstream: 15
+        patience=5,
+        monitor="val_acc",
+        mode="max",
+        ckpt_path="checkpoint.pt",
+        callbacks=[wandb_cb],
+    )
+
+    # visual the  prediction
+    device = None
+    for p in model.parameters():
+        device = p.device
+        break
+    for i in range(9):
+        img, label = ds_train[i]
+        tensor = img.to(device)
+        y_pred = torch.argmax(net(tensor[None, ...]))
+        assert 0 <= y_pred.item() <= 9
+
+    # What the notebook relies on: the run's id on the model, the run finished with fit, and in
+    # the run's folder the history, the best score and the checkpoint (an artifact named
+    # "checkpoint", the file at model.ckpt_path) that get_best_run_id / get_model_versions read.
+    assert model.run_id and wandb.run is None
+    wandb.teardown()
+    (run_dir,) = glob.glob(os.path.join("wandb", f"offline-run-*-{model.run_id}"))
+    files = os.path.join(run_dir, "files")
+    assert pd.read_csv(os.path.join(files, "dfhistory.csv"))["val_acc"].tolist() == pytest.approx(
+        dfhistory["val_acc"].tolist()
+    )
+    (log,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
+    best = dfhistory["val_acc"].max() if model.mode == "max" else dfhistory["val_acc"].min()
+    assert last_summary_value(log, "best_score") == pytest.approx(best)
+    assert model.ckpt_path == "checkpoint.pt"
+    copied = torch.load(os.path.join(files, "checkpoint.pt"), weights_only=True)
+    assert all(torch.equal(copied[k], v) for k, v in torch.load(model.ckpt_path, weights_only=True).items())
+    assert not glob.glob(os.path.join(files, "weights.safetensors"))  # the checkpoint is the weights
+    assert wandb_cb.config == vars(config)
 
 
 def test_04_kerasmodel_tensorboard_demo(mnist_like):
