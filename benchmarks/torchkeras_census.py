@@ -132,7 +132,7 @@ def main(argv=None) -> None:
     for name, count in found["fit keywords"].most_common():
         print(f"  {name:<50} {count:4d}  {'yes' if name in fit_parameters else 'NO'}")
     # torchkeras's way to change the step (KerasModel.StepRunner = ...) replaces a class attribute;
-    # kerastorch has no such attribute to replace, and fit refuses the assignment.
+    # kerastorch's KerasModel has StepRunner and EpochRunner for that, and fit runs what is assigned.
     print("KerasModel.<attribute> = ... (uses): an attribute KerasModel has?")
     for name, count in found["KerasModel assignments"].most_common():
         print(f"  {name:<50} {count:4d}  {'yes' if hasattr(kerastorch.KerasModel, name) else 'NO'}")

@@ -27,21 +27,30 @@ from .meters import is_stateful_metric, metric_friendly, metric_update_fn, scala
 from .metric_sync import is_torchmetrics
 from .parts import check_loss_fn
 from .settings import FitSettings
+from .torchkeras_runners import check_runner_fit, program_runners
 
 
-def check_fit(model: Any, train_data: Any, val_data: Any, settings: FitSettings) -> None:
-    """Everything about ``fit``'s arguments that can be checked without running the net."""
+def check_fit(model: Any, train_data: Any, val_data: Any, settings: FitSettings, sample_weight: Any = None) -> None:
+    """Everything about ``fit``'s arguments that can be checked without running the net.
+
+    With a torchkeras program's own ``StepRunner``, the loss and the step are the runner's: what
+    fit's step would add is refused instead, and the monitored value is checked on the runner's
+    first batch (:mod:`kerastorch.torchkeras_runners`)."""
     if not torch.is_grad_enabled():
         raise RuntimeError(
             "Gradients are switched off here (torch.set_grad_enabled(False), or fit called inside a "
             "torch.no_grad() block), so fit cannot train. Call torch.set_grad_enabled(True) first, or move the "
             "fit call out of the no_grad block."
         )
-    check_loss_fn(model)
-    check_torchkeras_runners(model)
+    runners = program_runners(model)
+    if runners is None:
+        check_loss_fn(model)
+    else:
+        check_runner_fit(model, settings, sample_weight)
     check_optimizer(model)
     check_lr_scheduler(model)
-    warn_if_scheduler_looks_per_batch(model, settings)
+    if runners is None:  # a program's runner steps the scheduler itself, after every batch as in torchkeras
+        warn_if_scheduler_looks_per_batch(model, settings)
     check_callbacks(settings.callbacks)
     watch, step, output = settings.monitoring, settings.step, settings.output
     _check_whole_number("epochs", settings.epochs, minimum=0)
@@ -75,7 +84,8 @@ def check_fit(model: Any, train_data: Any, val_data: Any, settings: FitSettings)
     if val_data is not None:
         check_loader(val_data, "val_data")
     check_weighted_metrics(settings.weighted_metrics, model.metrics_dict)
-    check_monitor(watch.monitor, settings.metric_names(model.metrics_dict), has_val=val_data is not None)
+    if runners is None:
+        check_monitor(watch.monitor, settings.metric_names(model.metrics_dict), has_val=val_data is not None)
     if watch.ckpt_path is not None:
         check_writable(watch.ckpt_path)
     check_resume(watch.resume, watch.ckpt_path)
@@ -118,21 +128,6 @@ def check_optimizer(model) -> None:
             UserWarning,
             stacklevel=4,
         )
-
-
-def check_torchkeras_runners(model) -> None:
-    """torchkeras's ``KerasModel.StepRunner = MyStepRunner`` is not how a step changes here: say so
-    (silently training with the default step would be worse)."""
-    for name in ("StepRunner", "EpochRunner"):
-        runner = getattr(type(model), name, None)
-        if runner is not None:
-            raise TypeError(
-                f"{type(model).__name__}.{name} = {getattr(runner, '__name__', runner)!r} is torchkeras's way to "
-                "change the training step; kerastorch does not call it. Subclass KerasModel and override "
-                "train_step(self, batch) -> (loss, preds, labels) instead, calling self.forward_batch(batch), "
-                "self.backward(loss) and self.optimizer_step() (or forward_batch alone, for another loss or batch "
-                f"layout), then remove the {name} assignment."
-            )
 
 
 def warn_if_scheduler_looks_per_batch(model, settings: FitSettings) -> None:

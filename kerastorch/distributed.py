@@ -7,6 +7,7 @@ or :mod:`kerastorch.launch`):
   batches, which DDP needs; the last ones may repeat a few samples);
 - the validation loader is sharded with ``even_batches=False``, so every validation
   sample is seen by exactly one process and none is repeated;
+  (a torchkeras program's StepRunner, which gathers at every batch, gets even shards);
 - the net is wrapped in ``DistributedDataParallel`` (``accelerator.prepare_model``),
   which starts every process from the main process's weights and averages gradients —
   or, with ``strategy="fsdp"``, a copy of it is sharded over the processes
@@ -20,6 +21,7 @@ or :mod:`kerastorch.launch`):
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from typing import Any, Iterator
 
@@ -31,18 +33,23 @@ from .model_parallel import check_one_process
 
 
 @contextlib.contextmanager
-def process_share(model, runtime, train_data, val_data) -> Iterator[tuple[Any, Any]]:
+def process_share(model, runtime, train_data, val_data, even_validation: bool = False) -> Iterator[tuple[Any, Any]]:
     """Yield ``(train_loader, val_loader)`` for this process, with ``model.net`` in DDP meanwhile.
 
-    In a single process both loaders and the net are yielded untouched.
+    In a single process both loaders and the net are yielded untouched. ``even_validation``
+    shards the validation data like the training data, the same number of batches on every
+    process: a torchkeras program's StepRunner gathers over the processes at every batch, so
+    they must step together (its gathers drop the repeated samples again: see
+    :class:`~kerastorch.torchkeras_runners.RunnerAccelerator`).
     """
     if runtime.num_processes == 1:
         yield train_data, val_data
         return
     check_one_process(model.net, runtime.num_processes)
     accelerator = runtime.accelerator
-    train_loader = shard_for_training(accelerator, train_data)
-    val_loader = None if val_data is None else shard_exactly(accelerator, val_data)
+    train_loader = shard_evenly(accelerator, train_data, "train_data")
+    shard_val = functools.partial(shard_evenly, name="val_data") if even_validation else shard_exactly
+    val_loader = None if val_data is None else shard_val(accelerator, val_data)
     users_net = model.net
     # DDP and FSDP wrap the bare module: DataParallel inside would spread each process over every GPU.
     bare = users_net.module if isinstance(users_net, nn.DataParallel) else users_net
@@ -69,9 +76,9 @@ def _require_dataloader(data: Any, name: str) -> None:
         )
 
 
-def shard_for_training(accelerator, loader: DataLoader):
+def shard_evenly(accelerator, loader: DataLoader, name: str):
     """Each process its share of the batches; the same number everywhere (DDP needs that)."""
-    _require_dataloader(loader, "train_data")
+    _require_dataloader(loader, name)
     if isinstance(loader.sampler, DistributedSampler):  # sharded by the user (a torchrun script)
         return SamplerEpochs(loader)
     return accelerator.prepare_data_loader(loader, device_placement=False)

@@ -17,6 +17,7 @@ from .notebook import output_style
 from .parts import check_loss_fn
 from .protocols import TrainableModel
 from .runtime import runtime_for_net
+from .torchkeras_runners import RunnerEpochs, program_runners
 
 PROGRESS_DELAY_S = 2.0  # predict shows a bar once it has taken this long
 
@@ -27,13 +28,18 @@ def evaluate(
     """Loss and metrics over ``data`` (eval mode, no gradients): ``{"val_loss": ..., "val_<m>": ...}``."""
     data = eval_loader(data, y, batch_size, needs_labels=True)
     check_loader(data, "data")
-    check_loss_fn(model)  # type: ignore[arg-type]
+    runners = program_runners(model)  # a torchkeras program's StepRunner evaluates, as in torchkeras
+    if runners is None:
+        check_loss_fn(model)  # type: ignore[arg-type]
     runtime = runtime_for_net(model.net)
     if is_model_parallel(model.net):
         runtime = model_parallel_runtime(model, runtime, data)
-    meters = EpochMeters("val", model.metrics_dict, runtime.outputs_device)
     callbacks = CallbackList([ProgressBar(verbose=0 if quiet else 1)], model, {"epochs": 1, "steps": num_batches(data)})
-    logs = evaluate_epoch(model, data, runtime, meters, callbacks)
+    if runners is not None:
+        logs = RunnerEpochs(model, runners, runtime, callbacks).validate(data)
+    else:
+        meters = EpochMeters("val", model.metrics_dict, runtime.outputs_device)
+        logs = evaluate_epoch(model, data, runtime, meters, callbacks)
     if not quiet:
         model.print(", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
     return logs

@@ -16,19 +16,18 @@ from .batches import batch_size_of, concatenate_batches, detach, split_sample_we
 from .callbacks.callback_list import CallbackList
 from .data import num_batches
 from .meters import EpochMeters, StepLogs
-from .protocols import TrainableModel
+from .protocols import Epochs, TrainableModel
 from .runtime import Runtime
-from .step import StepRunner
+from .step import FitStep
 
 
 def fit_loop(
     model: TrainableModel,
+    stages: Epochs,
     train_loader: Any,
     val_loader: Optional[Any],
     runtime: Runtime,
     callbacks: CallbackList,
-    meters: dict[str, EpochMeters],
-    steps: StepRunner,
     epochs: int,
     history: list[dict],
     first_epoch: int = 1,
@@ -36,24 +35,51 @@ def fit_loop(
 ) -> None:
     """Run epochs ``first_epoch..epochs``, appending one row per epoch to ``history``.
 
+    ``stages`` trains and validates an epoch: fit's own (:class:`FitEpochs`), or a torchkeras
+    program's StepRunner (:class:`~kerastorch.torchkeras_runners.RunnerEpochs`).
     Validation runs every ``validation_freq`` epochs (Keras's rule: epochs n, 2n, ...); the
     logs of the other epochs have no ``val_*`` values, so the callbacks that watch one skip them.
     """
     for epoch in range(first_epoch, epochs + 1):
         callbacks.call("on_epoch_begin", epoch, {})
         lr = current_lr(model.optimizer)
-        train_logs = train_epoch(model, train_loader, runtime, meters["train"], callbacks, steps)
+        train_logs = stages.train(train_loader)
         validate = val_loader is not None and epoch % validation_freq == 0
-        val_logs = evaluate_epoch(model, val_loader, runtime, meters["val"], callbacks) if validate else {}
+        val_logs = stages.validate(val_loader) if validate else {}
         logs = {"epoch": epoch, **train_logs, "lr": lr, **val_logs}
+        stages.end_epoch(logs)  # before the row joins the history: a failure here keeps the epoch out of it
         history.append(logs)
-        if model.lr_scheduler is not None and steps.settings.scheduler_interval == "epoch":
-            step_epoch_scheduler(model.lr_scheduler, logs, steps.settings.monitor)
         runtime.wait_for_everyone()  # with several processes, files are written after a barrier
         callbacks.call("on_epoch_end", epoch, logs)
         model.stop_training = runtime.any_process(model.stop_training)  # all processes stop together
         if model.stop_training:
             break
+
+
+class FitEpochs:
+    """fit's own epochs: :func:`train_epoch` with fit's step, :func:`evaluate_epoch`, and the
+    scheduler stepped once per epoch unless it steps per batch."""
+
+    def __init__(
+        self,
+        model: TrainableModel,
+        runtime: Runtime,
+        callbacks: CallbackList,
+        meters: dict[str, EpochMeters],
+        steps: FitStep,
+    ):
+        self.model, self.runtime, self.callbacks, self.meters, self.steps = model, runtime, callbacks, meters, steps
+
+    def train(self, loader: Any) -> dict[str, float]:
+        return train_epoch(self.model, loader, self.runtime, self.meters["train"], self.callbacks, self.steps)
+
+    def validate(self, loader: Any) -> dict[str, float]:
+        return evaluate_epoch(self.model, loader, self.runtime, self.meters["val"], self.callbacks)
+
+    def end_epoch(self, logs: dict) -> None:
+        scheduler, settings = self.model.lr_scheduler, self.steps.settings
+        if scheduler is not None and settings.scheduler_interval == "epoch":
+            step_epoch_scheduler(scheduler, logs, settings.monitor)
 
 
 def train_epoch(
@@ -62,7 +88,7 @@ def train_epoch(
     runtime: Runtime,
     meters: EpochMeters,
     callbacks: CallbackList,
-    steps: StepRunner,
+    steps: FitStep,
 ) -> dict[str, float]:
     model.net.train()
     meters.reset()
@@ -150,4 +176,4 @@ def current_lr(optimizer: torch.optim.Optimizer) -> float:
     return float(optimizer.param_groups[0]["lr"])
 
 
-__all__ = ["evaluate_epoch", "fit_loop", "predict_outputs", "train_epoch"]
+__all__ = ["FitEpochs", "evaluate_epoch", "fit_loop", "predict_outputs", "train_epoch"]

@@ -20,7 +20,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import doctor as doctor_module
-from . import evaluation, run, tuning
+from . import evaluation, run, step, tuning
 from . import interpret as interpret_module
 from .callbacks.monitor import auto_mode
 from .checkpoint import load_weights, save_weights, unwrap
@@ -30,7 +30,6 @@ from .interpret import Interpretation
 from .parts import ModelParts
 from .runtime import LocalAccelerator, Runtime
 from .settings import DataSettings, fit_settings, fit_settings_devices
-from .step import StepRunner
 from .tuning import LRFinderResult
 
 
@@ -61,7 +60,15 @@ class KerasModel(ModelParts):
     For a batch layout or a loss that the defaults do not cover, subclass and override
     :meth:`forward_batch` (and :meth:`predict_batch` for ``predict``); for a custom update
     (two optimizers, a GAN), override :meth:`train_step`.
+
+    torchkeras programs change the step their own way, ``KerasModel.StepRunner = MyStepRunner``
+    (and rarely ``EpochRunner``): ``fit`` and ``evaluate`` run that class on each batch inside
+    kerastorch's loop (:mod:`kerastorch.torchkeras_runners`).
     """
+
+    # torchkeras's step classes: None runs fit's own step (kerastorch.step), a program may set its own.
+    StepRunner: Optional[type] = None
+    EpochRunner: Optional[type] = None
 
     def __init__(
         self,
@@ -76,7 +83,7 @@ class KerasModel(ModelParts):
         self.history = pd.DataFrame()
         self.stop_training = False
         self.runtime: Optional[Runtime] = None
-        self.step_runner: Optional[StepRunner] = None  # set while fit trains
+        self.fit_step: Optional[step.FitStep] = None  # set while fit trains
         self.run_id: Optional[str] = None  # the Weights & Biases run's id, once a WandbLogger started one
         # The last fit's choices, read back as torchkeras programs do (model.ckpt_path, model.mode).
         self.ckpt_path: Optional[Union[str, os.PathLike]] = None
@@ -444,10 +451,10 @@ class KerasModel(ModelParts):
         """The run's mixed-precision context for the forward pass and the loss (a no-op in full precision)."""
         return self._running_step("autocast").runtime.autocast()
 
-    def _running_step(self, name: str) -> StepRunner:
-        if self.step_runner is None:
+    def _running_step(self, name: str) -> step.FitStep:
+        if self.fit_step is None:
             raise RuntimeError(f"model.{name}() works inside train_step while fit trains; it was called outside fit.")
-        return self.step_runner
+        return self.fit_step
 
     # -- using a trained model ---------------------------------------------------------
 
@@ -531,7 +538,7 @@ class KerasModel(ModelParts):
         ``model.accelerator``); outside ``fit``, a :class:`~kerastorch.runtime.LocalAccelerator`
         for this one process (its ``device`` is the net's)."""
         runtime = self.runtime
-        if self.step_runner is not None and runtime is not None and runtime.accelerator is not None:
+        if self.fit_step is not None and runtime is not None and runtime.accelerator is not None:
             return runtime.accelerator
         return LocalAccelerator(self.net)
 

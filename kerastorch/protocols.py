@@ -1,5 +1,6 @@
-"""What the loop, the step and the run need from a model: a small Protocol, so that
-they are typed without importing :class:`~kerastorch.KerasModel` (which imports them)."""
+"""What the loop, the step and the run need from a model (and from the epochs they run):
+small Protocols, so that they are typed without importing :class:`~kerastorch.KerasModel`
+(which imports them)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ class TrainableModel(Protocol):
     stop_training: bool
     history: pd.DataFrame
     runtime: Optional[Any]
-    step_runner: Optional[Any]
+    fit_step: Optional[Any]
 
     @property
     def is_main_process(self) -> bool: ...
@@ -38,4 +39,14 @@ class TrainableModel(Protocol):
     def print(self, *args: Any) -> None: ...
 
 
-__all__ = ["TrainableModel"]
+class Epochs(Protocol):
+    """How the loop trains and validates one epoch, and what it does when the epoch ends."""
+
+    def train(self, loader: Any) -> dict[str, float]: ...
+
+    def validate(self, loader: Any) -> dict[str, float]: ...
+
+    def end_epoch(self, logs: dict) -> None: ...
+
+
+__all__ = ["Epochs", "TrainableModel"]

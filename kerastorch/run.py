@@ -36,16 +36,17 @@ from .distributed import process_share
 from .doctor import check_before_fit
 from .history import history_columns, history_frame
 from .launch import run_in_workers
-from .loop import fit_loop
+from .loop import FitEpochs, fit_loop
 from .meters import EpochMeters
 from .model_parallel import is_model_parallel, model_parallel_runtime
 from .parts import ModelParts
 from .placement import place_parts
 from .plan import Plan, make_plan
-from .protocols import TrainableModel
+from .protocols import Epochs, TrainableModel
 from .runtime import Runtime, build_runtime
 from .settings import FitSettings
-from .step import StepRunner
+from .step import FitStep
+from .torchkeras_runners import ProgramRunners, RunnerEpochs, check_runner_monitor, program_runners, runner_columns
 from .weights import check_weighted_loss, class_weight_table
 
 
@@ -55,7 +56,7 @@ def fit(model: TrainableModel, data: FitData, settings: FitSettings) -> pd.DataF
     train_data, val_data = prepare_data(
         data, settings.data, keep_float64=plan.precision == "64-true", pin_memory=plan.device_type == "cuda"
     )
-    check_fit(model, train_data, val_data, settings)
+    check_fit(model, train_data, val_data, settings, sample_weight=data.sample_weight)
     if settings.doctor:
         check_before_fit(model, train_data, val_data)
     class_weights = class_weights_for(model, train_data, data, settings)
@@ -96,50 +97,101 @@ def fit_here(
     model.runtime = runtime
     try:
         place_parts(model, runtime)
-        # One process and the default train_step: the training batch is checked inside the
-        # real first step, at no cost. Otherwise by a pass of its own, before any process
-        # starts training (a check failing on one rank alone would leave the others waiting).
-        checks_ride_on_first_step = runtime.num_processes == 1 and model.uses_default_train_step
-        if not checks_ride_on_first_step:
-            check_first_batch(model, train_data, runtime, "train_data")
-        if val_data is not None:
-            check_first_batch(model, val_data, runtime, "val_data")
-        sharing = process_share(model, runtime, train_data, val_data)
+        runners = program_runners(model)  # a torchkeras program's own StepRunner, or None
+        checks_ride_on_first_step = False
+        columns: Optional[list[str]]
+        if runners is None:
+            checks_ride_on_first_step = check_first_batches(model, train_data, val_data, runtime)
+            columns = history_columns(settings.metric_names(model.metrics_dict), val_data is not None)
+        else:
+            columns = columns_of_runner(model, runners, train_data, val_data, runtime, settings)
+        # A program's runner gathers over the processes at every batch: they must all run as many.
+        sharing = process_share(model, runtime, train_data, val_data, even_validation=runners is not None)
         with sharing as (train_loader, val_loader), compiled_net(model, settings.devices.compile):
             train_loader = per_process_training_data(train_loader, settings.data, class_weights)
             if not runtime.is_main_process:  # one process prints, draws and logs
                 settings = dataclasses.replace(settings, output=settings.output.silenced())
-            callbacks = callbacks_for_fit(model, settings, train_loader, val_loader)
-            meters = {
-                stage: EpochMeters(
-                    stage, model.metrics_dict, runtime.outputs_device, runtime.reduce_sum, settings.weighted_metrics
-                )
-                for stage in ("train", "val")
-            }
-            steps = StepRunner(model, runtime, settings.step, callbacks, checks_ride_on_first_step)
+            callbacks = callbacks_for_fit(model, settings, train_loader, val_loader, columns)
+            steps = FitStep(model, runtime, settings.step, callbacks, checks_ride_on_first_step)
+            stages: Epochs
+            if runners is None:
+                stages = FitEpochs(model, runtime, callbacks, epoch_meters(model, runtime, settings), steps)
+            else:
+                unchecked = settings.monitoring.monitor if columns is None else None
+                stages = RunnerEpochs(model, runners, runtime, callbacks, unchecked_monitor=unchecked)
             if settings.output.verbose:
                 watch = settings.monitoring
                 chosen = f"{watch.mode}, from its name" if watch.mode_was_auto else watch.mode
                 model.print(f"{runtime.describe()}; best weights by {watch.monitor} ({chosen})")
-            return train_with_callbacks(model, train_loader, val_loader, runtime, callbacks, meters, steps, settings)
+            return train_with_callbacks(
+                model, stages, train_loader, val_loader, runtime, callbacks, steps, settings, columns
+            )
     finally:
         runtime.teardown()
 
 
+def check_first_batches(model: TrainableModel, train_data: Any, val_data: Optional[Any], runtime: Runtime) -> bool:
+    """Check the first batches against the net, loss and metrics; True when the training batch's
+    checks ride on the real first step instead.
+
+    One process and the default train_step: the training batch is checked inside the real first
+    step, at no cost. Otherwise by a pass of its own, before any process starts training (a check
+    failing on one rank alone would leave the others waiting).
+    """
+    checks_ride_on_first_step = runtime.num_processes == 1 and model.uses_default_train_step
+    if not checks_ride_on_first_step:
+        check_first_batch(model, train_data, runtime, "train_data")
+    if val_data is not None:
+        check_first_batch(model, val_data, runtime, "val_data")
+    return checks_ride_on_first_step
+
+
+def columns_of_runner(
+    model: TrainableModel,
+    runners: ProgramRunners,
+    train_data: Any,
+    val_data: Optional[Any],
+    runtime: Runtime,
+    settings: FitSettings,
+) -> Optional[list[str]]:
+    """The history's columns as a torchkeras StepRunner names them, read on one batch before
+    training, with the monitored name checked against them; None with the program's own
+    EpochRunner, whose names are known only after an epoch (the monitor is checked then)."""
+    if runners.epoch_class is not None:
+        return None
+    probed = val_data if val_data is not None else train_data
+    columns = runner_columns(model, runners, probed, runtime, has_val=val_data is not None)
+    check_runner_monitor(settings.monitoring.monitor, columns, model)
+    return columns
+
+
+def epoch_meters(model: TrainableModel, runtime: Runtime, settings: FitSettings) -> dict[str, EpochMeters]:
+    return {
+        stage: EpochMeters(
+            stage, model.metrics_dict, runtime.outputs_device, runtime.reduce_sum, settings.weighted_metrics
+        )
+        for stage in ("train", "val")
+    }
+
+
 def train_with_callbacks(
     model: TrainableModel,
+    stages: Epochs,
     train_loader: Any,
     val_loader: Optional[Any],
     runtime: Runtime,
     callbacks: CallbackList,
-    meters: dict[str, EpochMeters],
-    steps: StepRunner,
+    steps: FitStep,
     settings: FitSettings,
+    columns: Optional[list[str]],
 ) -> pd.DataFrame:
-    """The epochs between ``on_train_begin`` and ``on_train_end``; Ctrl-C returns the history so far."""
+    """The epochs between ``on_train_begin`` and ``on_train_end``; Ctrl-C returns the history so far.
+
+    ``columns`` are the history's columns after ``epoch`` (None: known only once an epoch ran).
+    """
     rows: list[dict] = []
     model.stop_training = False
-    model.step_runner = steps  # what model.backward / model.optimizer_step use inside train_step
+    model.fit_step = steps  # what model.backward / model.optimizer_step use inside train_step
     callbacks.call("on_train_begin", {})
     rows.extend(resumed_history(callbacks))
     if len(rows) > settings.epochs:  # the saved run went further than asked: show the epochs asked for
@@ -152,12 +204,11 @@ def train_with_callbacks(
         if not model.stop_training:  # a resumed run that had already stopped early stays stopped
             fit_loop(
                 model,
+                stages,
                 train_loader,
                 val_loader,
                 runtime,
                 callbacks,
-                meters,
-                steps,
                 settings.epochs,
                 rows,
                 first_epoch=rows[-1]["epoch"] + 1 if rows else 1,
@@ -170,19 +221,23 @@ def train_with_callbacks(
             f"finished epoch(s) with {restored}."
         )
     finally:
-        model.step_runner = None
-        columns = history_columns(settings.metric_names(model.metrics_dict), val_loader is not None)
-        model.history = history_frame(rows, ["epoch", *columns])
+        model.fit_step = None
+        model.history = history_frame(rows, ["epoch", *columns] if columns is not None else None)
         callbacks.call("on_train_end", rows[-1] if rows else {})
     return model.history
 
 
 def callbacks_for_fit(
-    model: TrainableModel, settings: FitSettings, train_loader: Any, val_loader: Optional[Any]
+    model: TrainableModel,
+    settings: FitSettings,
+    train_loader: Any,
+    val_loader: Optional[Any],
+    columns: Optional[list[str]],
 ) -> CallbackList:
     """fit's own callbacks, the user's, the training state (it keeps theirs) and the progress bar.
 
     They run in the order of their ``order`` attribute (see :class:`~kerastorch.Callback`).
+    ``columns`` are the history's columns after ``epoch`` (None: known only after an epoch).
     """
     watch, output = settings.monitoring, settings.output
     says = int(output.verbose > 0)
@@ -214,7 +269,7 @@ def callbacks_for_fit(
         "verbose": output.verbose,
         "monitor": watch.monitor,
         "mode": watch.mode,
-        "metrics": history_columns(settings.metric_names(model.metrics_dict), val_loader is not None),
+        "metrics": columns,
         "train_data": train_loader,
         "ckpt_path": watch.ckpt_path,
     }

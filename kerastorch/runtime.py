@@ -130,7 +130,9 @@ class Runtime:
 class LocalAccelerator:
     """What torchkeras programs ask of ``model.accelerator`` outside ``fit``, for this one process:
     the net's device, ``print``, ``unwrap_model``, ``prepare`` (which has nothing to do),
-    ``get_state_dict`` and ``save``. While ``fit`` runs, ``model.accelerator`` is accelerate's own."""
+    ``get_state_dict`` and ``save``, and what a torchkeras StepRunner calls when ``evaluate`` runs it
+    (``autocast``, ``gather``, ``backward``, ``clip_grad_norm_``). While ``fit`` runs,
+    ``model.accelerator`` is accelerate's own."""
 
     num_processes = 1
     process_index = 0
@@ -165,6 +167,18 @@ class LocalAccelerator:
 
     def gather(self, tensor: Any) -> Any:
         return tensor
+
+    # What a torchkeras StepRunner calls on its accelerator, for model.evaluate outside fit.
+    sync_gradients = True
+
+    def autocast(self, *args: Any, **kwargs: Any) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()  # outside fit the net runs in its own dtype
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        loss.backward(**kwargs)
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
 
 def reset_accelerate_state() -> None:

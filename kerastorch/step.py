@@ -1,6 +1,6 @@
 """One training step, and the hooks that let a callback act inside it.
 
-The loop hands each batch to :meth:`StepRunner.run`, which calls the model's
+The loop hands each batch to :meth:`FitStep.run`, which calls the model's
 ``train_step(batch)``. The default ``KerasModel.train_step`` is the plain step —
 forward and loss under autocast, ``model.backward(loss)``, ``model.optimizer_step()`` —
 and those two calls come here: gradient accumulation (an update every k batches, DDP's
@@ -29,7 +29,7 @@ from .settings import StepSettings
 _UPDATE_NOW = contextlib.nullcontext()  # reusable: entering it does nothing
 
 
-class StepRunner:
+class FitStep:
     """The optimizer-step machinery of one run: accumulation, scaling, clipping, scheduling, hooks."""
 
     def __init__(
@@ -166,4 +166,4 @@ def average_unsynced_gradients(net: torch.nn.Module, runtime: Runtime) -> None:
             param.grad.copy_(runtime.reduce_sum(param.grad) / runtime.num_processes)
 
 
-__all__ = ["StepRunner"]
+__all__ = ["FitStep"]

@@ -39,7 +39,7 @@ from .protocols import TrainableModel
 from .runtime import build_runtime
 from .settings import DataSettings, DeviceSettings, StepSettings
 from .snapshot import training_snapshot
-from .step import StepRunner
+from .step import FitStep
 
 
 @dataclasses.dataclass
@@ -112,8 +112,8 @@ def lr_find(
         try:
             place_parts(model, runtime)
             check_first_batch(model, train_loader, runtime, "train_data")
-            steps = StepRunner(model, runtime, StepSettings(), CallbackList([], model, {}))
-            model.step_runner = steps
+            steps = FitStep(model, runtime, StepSettings(), CallbackList([], model, {}))
+            model.fit_step = steps
             model.net.train()
             steps.start_epoch(None)
             batches = _endless(train_loader)
@@ -132,7 +132,7 @@ def lr_find(
                 if smoothed > diverge * best:
                     break
         finally:
-            model.step_runner = None
+            model.fit_step = None
             runtime.teardown()
     if len(raw) < 3:
         raise ValueError(

@@ -25,6 +25,7 @@ def test_the_census_counts_names_and_says_which_kerastorch_has(tmp_path):
                     "model.fit(train_data=dl, epochs=3, ckpt_path='c.pt', nonsense=1)\n",
                     "torchkeras.tabular.TabularDataset(df)\n",
                     "KerasModel.StepRunner = MyStepRunner\n",
+                    "KerasModel.Nonsense = 1\n",
                 ],
             },
         ]
@@ -45,4 +46,5 @@ def test_the_census_counts_names_and_says_which_kerastorch_has(tmp_path):
     assert lines["torchkeras.tabular.TabularDataset"] == ["1", "NO"]
     assert "torchkeras.NotCode" not in lines  # markdown is not code
     assert lines["ckpt_path"] == ["1", "yes"] and lines["nonsense"] == ["1", "NO"]
-    assert lines["StepRunner"] == ["1", "NO"]  # torchkeras's step replacement, refused by fit
+    assert lines["StepRunner"] == ["1", "yes"]  # torchkeras's step replacement, which fit runs
+    assert lines["Nonsense"] == ["1", "NO"]

@@ -38,25 +38,6 @@ def test_a_checkpoint_path_in_patiences_place_is_refused_naming_ckpt_path(path):
     assert unchanged(model, before)
 
 
-@pytest.mark.parametrize("name", ["StepRunner", "EpochRunner"])
-def test_a_torchkeras_step_runner_assignment_is_refused_with_the_subclassing_recipe(name):
-    class MyStepRunner:
-        def __init__(
-            self, net, loss_fn, accelerator=None, stage="train", metrics_dict=None, optimizer=None, lr_scheduler=None
-        ):
-            self.net = net
-
-    class Model(kt.KerasModel):
-        pass
-
-    setattr(Model, name, MyStepRunner)  # torchkeras: KerasModel.StepRunner = MyStepRunner
-    model = make_model(Model)
-    before = {k: v.clone() for k, v in model.net.state_dict().items()}
-    with pytest.raises(TypeError, match=rf"Model.{name} = 'MyStepRunner' is torchkeras's way .* override train_step"):
-        model.fit(data(), epochs=1, verbose=0)
-    assert unchanged(model, before)
-
-
 def test_a_one_cycle_sized_in_batches_but_stepped_per_epoch_is_pointed_out():
     loader = data()
     model = make_model()
