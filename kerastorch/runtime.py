@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -39,14 +39,11 @@ class Runtime:
     strategy: str = "auto"  # "fsdp": kerastorch.fsdp shards the net over the processes
     fsdp_wrap: tuple[type, ...] = ()
     callers_state: tuple = ()  # accelerate's state as the caller had it before fit (see saved_accelerate_state)
-
-    @property
-    def num_processes(self) -> int:
-        return 1 if self.accelerator is None else self.accelerator.num_processes
-
-    @property
-    def is_main_process(self) -> bool:
-        return True if self.accelerator is None else self.accelerator.is_main_process
+    # Read from accelerate once, when the run starts: a finished run's Accelerator, asked later
+    # (model.print after fit), would build accelerate's process-wide state anew for one process,
+    # and a later notebook_launcher would fork children that inherit it.
+    num_processes: int = field(init=False)
+    is_main_process: bool = field(init=False)
 
     def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum a tensor over all processes (the identity in a single process)."""
@@ -74,6 +71,9 @@ class Runtime:
             self.accelerator.wait_for_everyone()
 
     def __post_init__(self) -> None:
+        acc = self.accelerator
+        self.num_processes = 1 if acc is None else acc.num_processes
+        self.is_main_process = True if acc is None else acc.is_main_process
         # Decided once: to_device runs every step.
         self.moves_batches = self.device.type != "cpu" or self.param_dtype is not None
         self._no_autocast = contextlib.nullcontext()  # reusable, so the plain step builds nothing

@@ -96,6 +96,11 @@ def test_model_fit_under_accelerates_notebook_launcher_trains_in_processes_that_
     from accelerate import notebook_launcher
 
     ckpt_path = tmp_path / "checkpoint.pt"
+    # As the notebook's first cell: a fit in this process, and an evaluate that prints. The
+    # finished run must not leave accelerate's state behind for the launcher's forks to inherit.
+    first = make_model()
+    first.fit(data(), data(), epochs=1, accelerator="cpu", verbose=0)
+    first.evaluate(data())
     model = make_model()
     before = {k: v.clone() for k, v in model.net.state_dict().items()}
 
