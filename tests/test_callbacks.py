@@ -129,6 +129,23 @@ def test_torchkeras_style_callback_runs_with_the_model_as_torchkeras_shows_it():
     assert model.run_id == "run-1"
 
 
+def test_torchkeras_style_callback_can_call_the_model():
+    # torchkeras's KerasModel is an nn.Module: VisDisplay's display_fn runs model(x) on it.
+    outputs = []
+
+    class Display:
+        def on_validation_epoch_end(self, model):
+            model.eval()
+            outputs.append((model(torch.zeros(1, 8)), model.net(torch.zeros(1, 8))))
+
+    train, val = loaders()
+    model = make_model()
+    model.fit(train, val, epochs=2, callbacks=[Display()], verbose=0)
+
+    assert len(outputs) == 2
+    assert all(called.shape == (1, 2) and torch.equal(called, net_out) for called, net_out in outputs)
+
+
 def test_something_that_is_not_a_callback_is_refused_before_training():
     train, val = loaders()
     model = make_model()

@@ -93,5 +93,10 @@ class TorchkerasModelView:
             return extra[name]
         return getattr(object.__getattribute__(self, "_model"), name)
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Python looks up model(x) on the type, past __getattr__; torchkeras's KerasModel is an
+        # nn.Module, so callbacks call it (VisDisplay's display_fn: model(image.unsqueeze(0))).
+        return object.__getattribute__(self, "_model")(*args, **kwargs)
+
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(object.__getattribute__(self, "_model"), name, value)
