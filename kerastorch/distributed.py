@@ -21,12 +21,13 @@ or :mod:`kerastorch.launch`):
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import warnings
 from typing import Any, Iterator
 
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset
 
 from .fsdp import lockstep_validation, sharded_training
 from .model_parallel import check_one_process
@@ -105,9 +106,39 @@ def shard_exactly(accelerator, loader: DataLoader):
     even_batches = accelerator.even_batches
     accelerator.even_batches = False
     try:
-        return accelerator.prepare_data_loader(loader, device_placement=False)
+        return accelerator.prepare_data_loader(whole_batches_dealt(loader), device_placement=False)
     finally:
         accelerator.even_batches = even_batches
+
+
+class AllBatches(BatchSampler):
+    """A loader's own batches, its short last one already dropped (``drop_last=True``), saying
+    ``drop_last=False``: accelerate then deals out every one of them. Told ``drop_last=True``, it
+    also drops the full batches that do not make a whole round of the processes, so two processes
+    would validate on fewer samples than one."""
+
+    def __init__(self, batch_sampler: Any):
+        self.batches = batch_sampler
+        self.sampler = batch_sampler.sampler
+        self.batch_size = batch_sampler.batch_size
+        self.drop_last = False
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def whole_batches_dealt(loader: DataLoader) -> DataLoader:
+    """``loader`` as it is, or, with ``drop_last=True``, a copy whose batches are :class:`AllBatches`."""
+    if loader.batch_sampler is None or not getattr(loader.batch_sampler, "drop_last", False):
+        return loader
+    dealt = copy.copy(loader)
+    # A DataLoader refuses a new batch_sampler once built; the copy is only read by accelerate's
+    # prepare_data_loader, which builds its own loader from these attributes.
+    object.__setattr__(dealt, "batch_sampler", AllBatches(loader.batch_sampler))
+    return dealt
 
 
 class SamplerEpochs:

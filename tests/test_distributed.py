@@ -150,6 +150,25 @@ def test_fit_on_two_cpu_processes_returns_history_and_best_weights(digits, tmp_p
 
 
 @pytest.mark.slow
+def test_a_validation_loader_that_drops_its_last_batch_is_validated_on_every_whole_batch(digits):
+    # 117 samples in batches of 16 with drop_last=True: 7 whole batches, which one process
+    # validates. Two processes must too: accelerate would also drop the 7th, which has no partner.
+    dl_train, _ = digits
+    _, ds_val = digits_datasets(size=8)
+    dl_val = DataLoader(Subset(ds_val, range(117)), batch_size=16, drop_last=True)
+    torch.manual_seed(0)
+    net = small_mlp()
+    metrics = {"acc": torchmetrics.Accuracy(task="multiclass", num_classes=10)}
+    model = kt.KerasModel(net, nn.CrossEntropyLoss(), metrics, torch.optim.Adam(net.parameters(), lr=1e-2))
+    history = model.fit(dl_train, dl_val, epochs=2, monitor="val_acc", accelerator="cpu", devices=2, verbose=0)
+    single = model.evaluate(dl_val, quiet=True)
+    best = int(history["val_acc"].idxmax())
+    assert history["val_loss"].iloc[best] == pytest.approx(single["val_loss"], rel=1e-6)
+    assert history["val_acc"].iloc[best] == pytest.approx(single["val_acc"])
+    assert round(single["val_acc"] * 112) == pytest.approx(single["val_acc"] * 112)  # over 7 batches of 16
+
+
+@pytest.mark.slow
 def test_an_error_in_a_worker_is_raised_in_the_caller_with_its_traceback(digits):
     dl_train, dl_val = digits
     net = small_mlp()
