@@ -4,128 +4,20 @@ trained with ``torchkeras.metrics.AUC`` on float labels and reloaded with
 ``net_clone.load_state_dict(torch.load(model.ckpt_path))``. Criteo's sample
 (``criteo_small.zip``, a download) is replaced by a generated table of the same layout: a
 label, 13 numerical columns with gaps and 26 categorical columns of hashed strings; fewer rows
-and epochs (100 there, 10 here)."""
+and epochs (100 there, 10 here). The layers and ``DfDataset`` that the chapters 7-3 to 7-6 define
+the same way are imported, as the book writes them, from ``stand_ins_criteo.py``."""
 
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from stand_ins_criteo import CatEmbedding, CatLinear, DfDataset, FMLayer, NumEmbedding, criteo_like_table
+from torch import nn
 
 import kerastorch as torchkeras  # the one changed line: "import torchkeras"
 
 pytestmark = pytest.mark.slow
-
-
-def criteo_like_table(rows: int = 12000, seed: int = 0) -> pd.DataFrame:
-    """Criteo's layout (label, I1..I13 with NaNs, C14..C39 as hex strings); the label depends
-    on two numerical and two categorical columns, so there is something to learn."""
-    rng = np.random.default_rng(seed)
-    numbers = rng.lognormal(1.0, 1.0, size=(rows, 13))
-    numbers[rng.random((rows, 13)) < 0.1] = np.nan
-    codes = rng.integers(0, 12, size=(rows, 26))
-    score = np.nan_to_num(np.log1p(numbers[:, 0]) - np.log1p(numbers[:, 1])) + (codes[:, 0] < 4) - (codes[:, 1] < 3)
-    label = (score + rng.normal(0, 0.5, rows) > 0.3).astype(int)
-    table = pd.DataFrame({0: label})
-    for i in range(13):
-        table[1 + i] = numbers[:, i]
-    for i in range(26):
-        table[14 + i] = [f"{hash((i, c)) & 0xFFFFFFFF:08x}" for c in codes[:, i]]
-    return table
-
-
-class NumEmbedding(nn.Module):
-    """
-    连续特征用linear层编码
-    输入shape: [batch_size,features_num(n), d_in], # d_in 通常是1
-    输出shape: [batch_size,features_num(n), d_out]
-    """
-
-    def __init__(self, n: int, d_in: int, d_out: int, bias: bool = False) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(Tensor(n, d_in, d_out))
-        self.bias = nn.Parameter(Tensor(n, d_out)) if bias else None
-        with torch.no_grad():
-            for i in range(n):
-                layer = nn.Linear(d_in, d_out)
-                self.weight[i] = layer.weight.T
-                if self.bias is not None:
-                    self.bias[i] = layer.bias
-
-    def forward(self, x_num):
-        # x_num: batch_size, features_num, d_in
-        assert x_num.ndim == 3
-        x = torch.einsum("bfi,fij->bfj", x_num, self.weight)
-        if self.bias is not None:
-            x = x + self.bias[None]
-        return x
-
-
-class CatEmbedding(nn.Module):
-    """
-    离散特征用Embedding层编码
-    输入shape: [batch_size,features_num],
-    输出shape: [batch_size,features_num, d_embed]
-    """
-
-    def __init__(self, categories, d_embed):
-        super().__init__()
-        self.embedding = nn.Embedding(sum(categories), d_embed)
-        self.offsets = nn.Parameter(torch.tensor([0] + categories[:-1]).cumsum(0), requires_grad=False)
-
-        torch.nn.init.xavier_uniform_(self.embedding.weight.data)
-
-    def forward(self, x_cat):
-        """
-        :param x_cat: Long tensor of size ``(batch_size, features_num)``
-        """
-        x = x_cat + self.offsets[None]
-        return self.embedding(x)
-
-
-class CatLinear(nn.Module):
-    """
-    离散特征用Embedding实现线性层（等价于先F.onehot再nn.Linear()）
-    输入shape: [batch_size,features_num],
-    输出shape: [batch_size,d_out]
-    """
-
-    def __init__(self, categories, d_out=1):
-        super().__init__()
-        self.fc = nn.Embedding(sum(categories), d_out)
-        self.bias = nn.Parameter(torch.zeros((d_out,)))
-        self.offsets = nn.Parameter(torch.tensor([0] + categories[:-1]).cumsum(0), requires_grad=False)
-
-    def forward(self, x_cat):
-        """
-        :param x: Long tensor of size ``(batch_size, features_num)``
-        """
-        x = x_cat + self.offsets[None]
-        return torch.sum(self.fc(x), dim=1) + self.bias
-
-
-class FMLayer(nn.Module):
-    """
-    FM交互项
-    """
-
-    def __init__(self, reduce_sum=True):
-        super().__init__()
-        self.reduce_sum = reduce_sum
-
-    def forward(self, x):  # 注意：这里的x是公式中的 <v_i> * xi
-        """
-        :param x: Float tensor of size ``(batch_size, num_features, k)``
-        """
-        square_of_sum = torch.sum(x, dim=1) ** 2
-        sum_of_square = torch.sum(x**2, dim=1)
-        ix = square_of_sum - sum_of_square
-        if self.reduce_sum:
-            ix = torch.sum(ix, dim=1, keepdim=True)
-        return 0.5 * ix
 
 
 class FM(nn.Module):
@@ -193,7 +85,7 @@ def test_fm_on_a_tuple_input(tmp_path, monkeypatch):
     from sklearn.model_selection import train_test_split
     from sklearn.pipeline import Pipeline
     from sklearn.preprocessing import LabelEncoder, QuantileTransformer
-    from torch.utils.data import DataLoader, Dataset
+    from torch.utils.data import DataLoader
 
     dfdata = criteo_like_table()  # the book: pd.read_csv("./eat_pytorch_datasets/criteo_small.zip", ...)
     dfdata.columns = ["label"] + ["I" + str(x) for x in range(1, 14)] + ["C" + str(x) for x in range(14, 40)]
@@ -209,26 +101,7 @@ def test_fm_on_a_tuple_input(tmp_path, monkeypatch):
 
     categories = [dfdata[col].max() + 1 for col in cat_cols]
 
-    class DfDataset(Dataset):
-        def __init__(self, df, label_col, num_features, cat_features, categories, is_training=True):
-            self.X_num = torch.tensor(df[num_features].values).float() if num_features else None
-            self.X_cat = torch.tensor(df[cat_features].values).long() if cat_features else None
-            self.Y = torch.tensor(df[label_col].values).float()
-            self.categories = categories
-            self.is_training = is_training
-
-        def __len__(self):
-            return len(self.Y)
-
-        def __getitem__(self, index):
-            if self.is_training:
-                return ((self.X_num[index], self.X_cat[index]), self.Y[index])
-            else:
-                return (self.X_num[index], self.X_cat[index])
-
-        def get_categories(self):
-            return self.categories
-
+    # class DfDataset(Dataset): the book's, imported from stand_ins_criteo
     dftrain_val, dftest = train_test_split(dfdata, test_size=0.2, random_state=0)
     dftrain, dfval = train_test_split(dftrain_val, test_size=0.2, random_state=0)
 
