@@ -6,8 +6,8 @@ or :mod:`kerastorch.launch`):
 - the training loader is sharded by accelerate (every process gets the same number of
   batches, which DDP needs; the last ones may repeat a few samples);
 - the validation loader is sharded with ``even_batches=False``, so every validation
-  sample is seen by exactly one process and none is repeated;
-  (a torchkeras program's StepRunner, which gathers at every batch, gets even shards);
+  sample is seen by exactly one process and none is repeated (a torchkeras program's
+  StepRunner, which gathers at every batch, gets even shards instead);
 - the net is wrapped in ``DistributedDataParallel`` (``accelerator.prepare_model``),
   which starts every process from the main process's weights and averages gradients —
   or, with ``strategy="fsdp"``, a copy of it is sharded over the processes
