@@ -8,7 +8,10 @@
 import importlib as _importlib
 import importlib.util as _importlib_util
 
-from . import callbacks
+from . import (
+    _quiet_tqdm,  # noqa: F401 (first: accelerate imported quietly)
+    callbacks,
+)
 from .callbacks import Callback, LivePlot
 from .cuda_devices import find_usable_cuda_devices
 from .doctor import Diagnosis, DoctorError, Finding

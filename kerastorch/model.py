@@ -17,7 +17,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import pandas as pd
 import torch
 from torch import nn
-from tqdm.auto import tqdm
+from tqdm.std import tqdm as text_tqdm
 
 from . import doctor as doctor_module
 from . import evaluation, run, step, tuning
@@ -611,7 +611,8 @@ class KerasModel(ModelParts):
     def print(self, *args: Any) -> None:
         """Print once (on the main process), without breaking a progress bar."""
         if self.is_main_process:
-            tqdm.write(" ".join(str(a) for a in args))
+            # tqdm's plain class: tqdm.auto warns at import in a kernel without ipywidgets.
+            text_tqdm.write(" ".join(str(a) for a in args))
 
 
 # fit's arguments that the learning-rate finder of fit_one_cycle takes too.
