@@ -3,6 +3,27 @@
 >>> import kerastorch as kt
 >>> model = kt.KerasModel(net, loss_fn, metrics_dict, optimizer)          # doctest: +SKIP
 >>> dfhistory = model.fit(dl_train, dl_val, epochs=20, monitor="val_acc", mode="max")  # doctest: +SKIP
+
+Who owns what, in the order a ``fit`` call goes through them:
+
+| concern | where | what it owns |
+| --- | --- | --- |
+| the user's objects | ``model.py`` | ``KerasModel``: the net, loss, metrics, optimizer; its methods hand their keywords to the door |
+| keywords | ``arguments.py`` (the door) | every keyword's check, aliases (Keras's, torchkeras's, Lightning's words), ``"auto"`` resolved |
+| settings | ``settings.py`` | the frozen groups the door builds; everything downstream trusts them |
+| data | ``data/`` | one adapter per data form, turning it into loaders; reading a batch into inputs, labels, weights |
+| where | ``devices/`` | Lightning's device words, the plan (this process, k workers, one rank of a job), the runtime |
+| how processes share the work | ``strategies/`` | single device, model parallel, DDP, FSDP behind one protocol; nothing else asks which runs |
+| checks | ``checks/`` | the model and the first batch, before the first weight changes |
+| the run | ``training/`` | ``run`` → ``fit_loop(Epochs)`` → ``FitStep``; meters, history, evaluate and predict |
+| optional behaviour | ``callbacks/`` | best weights, early stopping, progress, resume, loggers ... each a callback with an ``order`` |
+| around a fit | ``tools/`` | ``lr_find`` and one cycle, ``doctor``, ``interpret``, ``summary``, plots (reusing ``FitStep``) |
+| torchkeras | ``compat/`` | its step classes as one more ``Epochs``, its callbacks, metrics and words, the ``nn.Module`` names |
+| files | ``files/`` | weights and training-state files, written atomically, read without running code |
+
+``kerastorch.kerascallbacks``, ``kerastorch.metrics`` and ``kerastorch.summary`` keep torchkeras's
+import paths. Lightning's ``Trainer`` trains a ``kt.LightModel`` (``lightmodel.py``, with the
+``lightning`` extra).
 """
 
 import importlib as _importlib
@@ -11,41 +32,45 @@ import importlib.util as _importlib_util
 from . import (
     _quiet_tqdm,  # noqa: F401 (first: accelerate imported quietly)
     callbacks,
+    devices,
+    strategies,
 )
-from .callbacks import Callback, LivePlot
-from .cuda_devices import find_usable_cuda_devices
-from .doctor import Diagnosis, DoctorError, Finding
-from .interpret import Interpretation
+from .callbacks import Callback
 from .model import KerasModel
-from .options import parse_devices
-from .plots import plot_history
 from .seed import seed_everything, seed_worker
-from .summary import summary
-from .tuning import LRFinderResult
+from .summary import summary  # the module first: importing it later must not hide the function
+from .tools.doctor import DoctorError
+from .tools.plots import plot_history
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Callback",
-    "Diagnosis",
     "DoctorError",
-    "Finding",
-    "Interpretation",
     "KerasModel",
-    "LRFinderResult",
-    "LivePlot",
     "callbacks",
-    "find_usable_cuda_devices",
-    "parse_devices",
+    "devices",
     "plot_history",
     "seed_everything",
     "seed_worker",
+    "strategies",
     "summary",
 ]
 
 # Names whose module needs an optional package: imported on first use, so that
 # ``import kerastorch`` stays light and works without the extra.
 _LAZY = {"LightModel": (".lightmodel", "lightning")}
+
+# Names that moved to the module where they belong; still importable from here.
+_MOVED = {
+    "parse_devices": ".devices",
+    "find_usable_cuda_devices": ".devices",
+    "LivePlot": ".callbacks",
+    "Diagnosis": ".tools.doctor",
+    "Finding": ".tools.doctor",
+    "Interpretation": ".tools.interpret",
+    "LRFinderResult": ".tools.tuning",
+}
 
 
 def _installed(package: str) -> bool:
@@ -65,6 +90,8 @@ def __getattr__(name: str):
         value = getattr(_importlib.import_module(_LAZY[name][0], __name__), name)
         globals()[name] = value
         return value
+    if name in _MOVED:
+        return getattr(_importlib.import_module(_MOVED[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -2,8 +2,8 @@
 
 For users who prefer Lightning's ``Trainer`` and callbacks but want to keep writing
 a model the kerastorch way: the same arguments, the same batch layouts (read by
-:mod:`~kerastorch.batches`) and the same three kinds of metrics (checked by
-:mod:`~kerastorch.meters`). Needs the ``lightning`` extra:
+:mod:`~kerastorch.data.batches`) and the same three kinds of metrics (checked by
+:mod:`~kerastorch.training.meters`). Needs the ``lightning`` extra:
 ``pip install 'kerastorch[lightning]'``.
 
 Logged names match ``KerasModel``'s history: ``train_loss``, ``train_<m>``,
@@ -29,9 +29,9 @@ except ImportError as error:
 
 from torchmetrics import Metric
 
-from .batches import batch_size_of, detach
-from .meters import is_stateful_metric, metric_friendly, metric_update_fn, scalar_metric_value
-from .parts import ModelParts, check_loss_fn
+from .data.batches import batch_size_of, detach
+from .training.meters import is_stateful_metric, metric_friendly, metric_update_fn, scalar_metric_value
+from .training.parts import ModelParts, check_loss_fn
 
 STAGES = ("train", "val", "test")
 
@@ -86,7 +86,7 @@ class LightModel(ModelParts, pl.LightningModule):
         # finds them when they are logged; their states stay out of the checkpoint.
         self.stage_metrics = nn.ModuleDict()
         # Other stateful metrics are kept out of the module tree, so their states (often
-        # nn.Parameters in torchkeras's metrics) are neither trained, broadcast by DDP,
+        # nn.Parameters in hand-written metrics) are neither trained, broadcast by DDP,
         # nor written into checkpoints; they are moved to the device at epoch start.
         self.custom_metrics: dict[str, Any] = {}
         for stage in STAGES:

@@ -1,39 +1,39 @@
 """``KerasModel``: a net, a loss, metrics and an optimizer, trained with one ``fit`` call.
 
 This class holds the user's objects and turns ``fit``'s keywords into settings; the work
-is elsewhere: :mod:`~kerastorch.run` runs a fit (plan, runtime, loop, history),
-:mod:`~kerastorch.step` the training step, :mod:`~kerastorch.evaluation` evaluate and
+is elsewhere: :mod:`~kerastorch.training.run` runs a fit (plan, runtime, loop, history),
+:mod:`~kerastorch.training.step` the training step, :mod:`~kerastorch.training.evaluation` evaluate and
 predict, :mod:`~kerastorch.callbacks` every optional behaviour and
-:mod:`~kerastorch.checkpoint` reads and writes weights.
+:mod:`~kerastorch.files.weights` reads and writes weights.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import pandas as pd
 import torch
 from torch import nn
 from tqdm.std import tqdm as text_tqdm
 
-from . import doctor as doctor_module
-from . import evaluation, run, step, tuning
-from . import interpret as interpret_module
-from .callbacks.monitor import auto_mode
-from .checkpoint import load_weights, save_weights, unwrap
-from .data import FitData, keras_positional
-from .doctor import Diagnosis
-from .interpret import Interpretation
-from .parts import ModelParts
-from .runtime import LocalAccelerator, Runtime
-from .settings import DataSettings, fit_settings, fit_settings_devices
-from .tuning import LRFinderResult
+from . import arguments
+from .compat.module import ModuleLike
+from .devices.runtime import Runtime
+from .files.weights import load_weights, save_weights
+from .strategies import Strategy, unwrap
+from .tools import doctor as doctor_module
+from .tools import interpret as interpret_module
+from .tools import tuning
+from .tools.doctor import Diagnosis
+from .tools.interpret import Interpretation
+from .tools.tuning import LRFinderResult
+from .training import evaluation, run, step
+from .training.parts import ModelParts
 
 
-class KerasModel(ModelParts):
+class KerasModel(ModuleLike, ModelParts):
     """Train a PyTorch ``net`` the Keras way.
 
     Args:
@@ -63,12 +63,8 @@ class KerasModel(ModelParts):
 
     torchkeras programs change the step their own way, ``KerasModel.StepRunner = MyStepRunner``
     (and rarely ``EpochRunner``): ``fit`` and ``evaluate`` run that class on each batch inside
-    kerastorch's loop (:mod:`kerastorch.torchkeras_runners`).
+    kerastorch's loop (:mod:`kerastorch.compat.runners`).
     """
-
-    # torchkeras's step classes: None runs fit's own step (kerastorch.step), a program may set its own.
-    StepRunner: Optional[type] = None
-    EpochRunner: Optional[type] = None
 
     def __init__(
         self,
@@ -85,7 +81,7 @@ class KerasModel(ModelParts):
         self.runtime: Optional[Runtime] = None
         self.fit_step: Optional[step.FitStep] = None  # set while fit trains
         self.run_id: Optional[str] = None  # the Weights & Biases run's id, once a WandbLogger started one
-        # The last fit's choices, read back as torchkeras programs do (model.ckpt_path, model.mode).
+        # The last fit's choices, read back by programs (model.ckpt_path, model.mode).
         self.ckpt_path: Optional[Union[str, os.PathLike]] = None
         self.monitor: Optional[str] = None
         self.mode: Optional[str] = None
@@ -111,7 +107,7 @@ class KerasModel(ModelParts):
         accelerator: str = "auto",
         devices: Any = "auto",
         precision: Any = "32-true",
-        strategy: str = "auto",
+        strategy: Union[str, Strategy] = "auto",
         mixed_precision: Optional[str] = None,
         cpu: bool = False,
         gradient_accumulation_steps: int = 1,
@@ -177,7 +173,7 @@ class KerasModel(ModelParts):
             strategy: how several processes train: ``"auto"`` or ``"ddp"`` (DistributedDataParallel:
                 each process holds the whole net), or ``"fsdp"`` (torch's ``fully_shard``: each of k
                 processes holds 1/k of the parameters, gradients and optimizer state; see
-                :mod:`kerastorch.fsdp`).
+                :mod:`kerastorch.strategies.fsdp`).
             mixed_precision: torchkeras's word: ``"no"``, ``"fp16"`` or ``"bf16"``.
             cpu: torchkeras's word: ``cpu=True`` is ``accelerator="cpu"``.
             gradient_accumulation_steps: update once every this many batches (4 batches of b
@@ -196,7 +192,7 @@ class KerasModel(ModelParts):
                 by its class's weight (any data form, DataLoaders too).
             sample_weight: one weight per sample, beside an array ``X`` (in your own dict
                 batches: a ``sample_weight`` key). The weighted loss of a batch of n is
-                ``(1/n) * sum(w_i * loss_i)`` (see :mod:`kerastorch.weights`); metrics are unweighted.
+                ``(1/n) * sum(w_i * loss_i)`` (see :mod:`kerastorch.data.sample_weights`); metrics are unweighted.
             steps_per_epoch: an epoch is this many batches; the next epoch continues the same
                 iterator (for endless streams, or shorter epochs).
             validation_freq: validate every n epochs; the other rows' ``val_*`` cells are NaN,
@@ -212,61 +208,18 @@ class KerasModel(ModelParts):
                 ``[nn.TransformerEncoderLayer]``); by default each direct child of the net that holds
                 parameters.
             doctor: run :meth:`doctor` first; print its report, and on an error stop before
-                training (:class:`~kerastorch.doctor.DoctorError`).
+                training (:class:`~kerastorch.tools.doctor.DoctorError`).
 
         Returns:
             The history, a pandas DataFrame (also kept as ``model.history``).
         """
-        if x is not None:
-            if train_data is not None:
-                raise ValueError("Both train_data and x were given; they are the same argument: pass one.")
-            train_data = x
-        y, val_data = keras_positional(train_data, val_data, y)
-        if validation_data is not None:
-            if val_data is not None:
-                raise ValueError("Both val_data and validation_data were given; they are the same argument: pass one.")
-            val_data = validation_data
-        data_settings = DataSettings(
-            batch_size, shuffle, validation_split, class_weight, steps_per_epoch, validation_freq
-        )
-        settings = fit_settings(
-            has_val_data=val_data is not None or bool(validation_split),
-            scheduler_interval=self.lr_scheduler_interval,
-            epochs=epochs,
-            patience=patience,
-            monitor=monitor,
-            mode=mode,
-            min_delta=min_delta,
-            ckpt_path=ckpt_path,
-            resume=resume,
-            callbacks=callbacks,
-            verbose=verbose,
-            plot=plot,
-            quiet=quiet,
-            wandb=wandb,
-            accelerator=accelerator,
-            devices=devices,
-            precision=precision,
-            mixed_precision=mixed_precision,
-            cpu=cpu,
-            strategy=strategy,
-            gradient_accumulation_steps=gradient_accumulation_steps,
-            gradient_clip_val=gradient_clip_val,
-            gradient_clip_algorithm=gradient_clip_algorithm,
-            data=data_settings,
-            compile=compile,
-            fsdp_wrap=fsdp_wrap,
-        )
-        settings = dataclasses.replace(settings, doctor=doctor, weighted_metrics=weighted_metrics)
-        if mode == "auto":
-            watch = settings.monitoring
-            chosen = auto_mode(watch.monitor, {**self.metrics_dict, **(weighted_metrics or {})})
-            settings = dataclasses.replace(
-                settings, monitoring=dataclasses.replace(watch, mode=chosen, mode_was_auto=True)
-            )
+        data, settings = arguments.fit_arguments(self, **_keywords(locals()))
+        return self._fit(data, settings)
+
+    def _fit(self, data: Any, settings: Any, lr_schedule: Any = None) -> pd.DataFrame:
         watch = settings.monitoring
         self.ckpt_path, self.monitor, self.mode = watch.ckpt_path, watch.monitor, watch.mode
-        self.history = run.fit(self, FitData(train_data, val_data, y, sample_weight), settings)
+        self.history = run.fit(self, data, settings, lr_schedule)
         return self.history
 
     # -- tuning ------------------------------------------------------------------------
@@ -292,7 +245,7 @@ class KerasModel(ModelParts):
         mixed_precision: Optional[str] = None,
         cpu: bool = False,
     ) -> LRFinderResult:
-        """Find a learning rate, changing nothing (:mod:`kerastorch.tuning`).
+        """Find a learning rate, changing nothing (:mod:`kerastorch.tools.tuning`).
 
         Trains at most ``num_steps`` batches with the learning rate rising exponentially from
         ``start_lr`` to ``end_lr``, stops when the smoothed loss passes ``diverge`` times its
@@ -316,7 +269,7 @@ class KerasModel(ModelParts):
             precision: as in ``fit``. mixed_precision: as in ``fit``. cpu: as in ``fit``.
 
         Returns:
-            An :class:`~kerastorch.tuning.LRFinderResult`: ``.suggestion``, ``.history``
+            An :class:`~kerastorch.tools.tuning.LRFinderResult`: ``.suggestion``, ``.history``
             (``lr``, ``loss``), ``.plot()``; in Jupyter it shows as its plot.
 
         Example::
@@ -324,21 +277,8 @@ class KerasModel(ModelParts):
             result = model.lr_find(dl_train)
             model.optimizer.param_groups[0]["lr"] = result.suggestion
         """
-        if x is not None:
-            train_data = x
-        devices_settings = fit_settings_devices(accelerator, devices, precision, mixed_precision, cpu)
-        data_settings = DataSettings(batch_size=batch_size, shuffle=shuffle, validation_split=validation_split)
-        return tuning.lr_find(
-            self,
-            FitData(train_data, None, y, sample_weight),
-            devices_settings,
-            data_settings,
-            start_lr=start_lr,
-            end_lr=end_lr,
-            num_steps=num_steps,
-            smoothing=smoothing,
-            diverge=diverge,
-        )
+        data, devices_settings, data_settings, finder = arguments.finder_arguments(self, **_keywords(locals()))
+        return tuning.lr_find(self, data, devices_settings, data_settings, finder)
 
     def fit_one_cycle(
         self,
@@ -366,45 +306,13 @@ class KerasModel(ModelParts):
                 f"{type(self.lr_scheduler).__name__}; two schedules would fight over the learning rate. Build the "
                 "KerasModel without lr_scheduler=, or call fit instead."
             )
-        y = fit_arguments.get("y")
-        y, val_data = keras_positional(train_data, val_data, y)
-        if y is not None:
-            fit_arguments["y"] = y
+        max_lr = arguments.max_lr_argument(max_lr)
+        data, settings = arguments.fit_arguments(self, train_data, val_data, epochs, **fit_arguments)
         if max_lr is None:
-            finder_arguments = {k: v for k, v in fit_arguments.items() if k in _FINDER_ARGUMENTS}
-            max_lr = self.lr_find(train_data, **finder_arguments).suggestion
-            if fit_arguments.get("verbose", 1) and not fit_arguments.get("quiet"):
+            max_lr = tuning.lr_find(self, *tuning.finder_for_fit(data, settings)).suggestion
+            if settings.output.verbose:
                 self.print(f"fit_one_cycle: max_lr={max_lr:.3g}, the learning-rate finder's suggestion.")
-        if not isinstance(max_lr, (int, float)) or isinstance(max_lr, bool) or max_lr <= 0:
-            raise ValueError(f"max_lr={max_lr!r}; use a positive learning rate, or None to let lr_find choose.")
-        updates = tuning.one_cycle_steps(
-            self, FitData(train_data, val_data, y, fit_arguments.get("sample_weight")), fit_arguments
-        )
-        scheduler = torch.optim.lr_scheduler.OneCycleLR(self.optimizer, max_lr=max_lr, total_steps=epochs * updates)
-        self.lr_scheduler, self.lr_scheduler_interval = scheduler, "step"
-        try:
-            return self.fit(train_data, val_data, epochs=epochs, **fit_arguments)
-        finally:
-            self.lr_scheduler, self.lr_scheduler_interval = None, "epoch"
-
-    def fit_ddp(
-        self,
-        num_processes: int = 2,
-        train_data: Any = None,
-        val_data: Any = None,
-        epochs: int = 10,
-        **fit_arguments: Any,
-    ) -> pd.DataFrame:
-        """torchkeras's name for ``fit(..., devices=num_processes)``: train in that many processes
-        (GPUs, or CPU processes with ``accelerator="cpu"``) and get the result back in this model.
-
-        Example::
-
-            history = model.fit_ddp(2, dl_train, dl_val, epochs=5, accelerator="cpu")
-        """
-        if "devices" in fit_arguments:
-            raise ValueError("fit_ddp takes num_processes=, which is fit's devices=: pass only one of them.")
-        return self.fit(train_data, val_data, epochs, devices=num_processes, **fit_arguments)
+        return self._fit(data, settings, lr_schedule=tuning.OneCycle(max_lr))
 
     # -- the training step: override train_step for a custom update ---------------------
 
@@ -499,7 +407,7 @@ class KerasModel(ModelParts):
         num_batches: int = 4,
         overfit_steps: int = 60,
     ) -> Diagnosis:
-        """Look for beginners' mistakes in a few seconds, changing nothing (:mod:`kerastorch.doctor`).
+        """Look for beginners' mistakes in a few seconds, changing nothing (:mod:`kerastorch.tools.doctor`).
 
         Args:
             train_data: fit's training data forms. val_data: fit's validation data forms (or None).
@@ -508,20 +416,14 @@ class KerasModel(ModelParts):
             overfit_steps: how many steps the one-batch overfitting check trains.
 
         Returns:
-            A :class:`~kerastorch.doctor.Diagnosis`: ``.findings``, ``.errors``; printing it is a
+            A :class:`~kerastorch.tools.doctor.Diagnosis`: ``.findings``, ``.errors``; printing it is a
             short report (in Jupyter a table).
         """
-        y, val_data = keras_positional(train_data, val_data, y)
-        return doctor_module.doctor(
-            self,
-            FitData(train_data, val_data, y),
-            DataSettings(batch_size=batch_size),
-            num_batches=num_batches,
-            overfit_steps=overfit_steps,
-        )
+        data, data_settings = arguments.doctor_arguments(self, **_keywords(locals()))
+        return doctor_module.doctor(self, data, data_settings, num_batches=num_batches, overfit_steps=overfit_steps)
 
     def interpret(self, data: Any, y: Any = None, batch_size: Optional[int] = None) -> Interpretation:
-        """Explain a trained classifier on ``data`` (:mod:`kerastorch.interpret`): the confusion matrix,
+        """Explain a trained classifier on ``data`` (:mod:`kerastorch.tools.interpret`): the confusion matrix,
         per-class scores and the samples with the highest losses.
 
         Args:
@@ -529,57 +431,6 @@ class KerasModel(ModelParts):
             batch_size: as in ``fit``.
         """
         return interpret_module.interpret(self, data, y, batch_size)
-
-    # -- the net's own methods: torchkeras's KerasModel is an nn.Module, and its programs call them --
-
-    @property
-    def accelerator(self) -> Any:
-        """accelerate's ``Accelerator`` while ``fit`` trains (torchkeras programs reach it as
-        ``model.accelerator``); outside ``fit``, a :class:`~kerastorch.runtime.LocalAccelerator`
-        for this one process (its ``device`` is the net's)."""
-        runtime = self.runtime
-        if self.fit_step is not None and runtime is not None and runtime.accelerator is not None:
-            return runtime.accelerator
-        return LocalAccelerator(self.net)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """``model(x)`` is ``model.net(x)``."""
-        return self.net(*args, **kwargs)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """``model.forward(x)`` is ``model.net(x)``."""
-        return self.net(*args, **kwargs)
-
-    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]:
-        """The net's parameters (each once)."""
-        return self.net.parameters(recurse)
-
-    def named_parameters(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple[str, torch.nn.Parameter]]:
-        """The net's named parameters, under the net's own names."""
-        return unwrap(self.net).named_parameters(prefix, recurse)
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The net's state dict, under the net's own keys (what checkpoints hold)."""
-        return unwrap(self.net).state_dict()
-
-    def load_state_dict(self, state_dict: dict, strict: bool = True) -> Any:
-        """Load a state dict of the net's keys into the net."""
-        return unwrap(self.net).load_state_dict(state_dict, strict)
-
-    def train(self, mode: bool = True) -> KerasModel:
-        """Put the net in training mode (``mode=False``: eval mode); returns this model."""
-        self.net.train(mode)
-        return self
-
-    def eval(self) -> KerasModel:
-        """Put the net in eval mode; returns this model."""
-        self.net.eval()
-        return self
-
-    def to(self, *args: Any, **kwargs: Any) -> KerasModel:
-        """Move the net (``model.to(device)``); returns this model. ``fit`` places the net itself."""
-        self.net.to(*args, **kwargs)
-        return self
 
     # -- weights ---------------------------------------------------------------------------
 
@@ -615,19 +466,9 @@ class KerasModel(ModelParts):
             text_tqdm.write(" ".join(str(a) for a in args))
 
 
-# fit's arguments that the learning-rate finder of fit_one_cycle takes too.
-_FINDER_ARGUMENTS = (
-    "y",
-    "x",
-    "batch_size",
-    "shuffle",
-    "validation_split",
-    "sample_weight",
-    "accelerator",
-    "devices",
-    "precision",
-    "mixed_precision",
-    "cpu",
-)
+def _keywords(called_with: dict) -> dict:
+    """A method's arguments as it was called with them (its ``locals()`` on entry), for the door."""
+    return {name: value for name, value in called_with.items() if name != "self"}
+
 
 __all__ = ["KerasModel"]

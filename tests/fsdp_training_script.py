@@ -4,7 +4,7 @@
     torchrun --nproc_per_node 2 fsdp_training_script.py OUT_DIR
 
 It trains a net of two residual blocks with ``strategy="fsdp"`` (the blocks sharded by
-``fsdp_wrap``), Adam, a StepLR scheduler, dropout and a shuffled loader, with
+``FSDP(wrap=...)``), Adam, a StepLR scheduler, dropout and a shuffled loader, with
 ``ckpt_path=OUT_DIR/best.safetensors`` and ``resume=True``, and writes the history
 (``history.json``), the final weights (``final.safetensors``) and each process's number
 of parameter elements (``elements<rank>.txt``). ``--kill-at`` kills the whole process
@@ -100,8 +100,7 @@ def main():
         resume=True,
         accelerator="cpu",
         devices=args.devices,
-        strategy="fsdp",
-        fsdp_wrap=[Block],
+        strategy=kt.strategies.FSDP(wrap=[Block]),
         compile=args.compile,
         verbose=0,
         callbacks=callbacks,

@@ -22,9 +22,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 import kerastorch as kt
-import kerastorch.state_file
+import kerastorch.files.state
 from helpers import accuracy
-from kerastorch.checkpoint import atomic_path
+from kerastorch.files.atomic import atomic_path
 
 
 class NoisyPoints(Dataset):
@@ -60,7 +60,7 @@ class KillAt(kt.Callback):
 
 def die_in_the_nth_write(n):
     """Make the n-th training-state write stop halfway through, as a kill would leave it."""
-    real_write, calls = kerastorch.state_file.atomic_write, [0]
+    real_write, calls = kerastorch.files.state.atomic_write, [0]
 
     def write(path, write_file):
         calls[0] += 1
@@ -71,7 +71,7 @@ def die_in_the_nth_write(n):
             os.truncate(tmp, os.path.getsize(tmp) // 2)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    kerastorch.state_file.atomic_write = write
+    kerastorch.files.state.atomic_write = write
 
 
 def main():

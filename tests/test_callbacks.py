@@ -11,8 +11,8 @@ from torch.utils.data import DataLoader, TensorDataset
 import kerastorch as kt
 from helpers import accuracy
 from kerastorch.callbacks import CallbackList, LambdaCallback, ModelCheckpoint
-from kerastorch.checkpoint import load_weights
-from kerastorch.meters import EpochMeters
+from kerastorch.files.weights import load_weights
+from kerastorch.training.meters import EpochMeters
 
 
 def loaders(n=192, batch_size=32, seed=0):

@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import kerastorch as kt
-from kerastorch.checkpoint import load_weights
+from kerastorch.files.weights import load_weights
 
 
 def _data():

@@ -23,16 +23,11 @@ from torch.utils.data import DataLoader, Subset
 
 import kerastorch as kt
 from helpers import TorchkerasAccuracy, accuracy
-from kerastorch.checkpoint import load_weights
+from kerastorch.data.batches import labels_to_outputs
+from kerastorch.devices.launch import CUDA_BEFORE_FORK, WorkerTraceback, check_can_fork, record_failure, worker_failure
 from kerastorch.examples import digits_datasets
-from kerastorch.launch import CUDA_BEFORE_FORK, WorkerTraceback, check_can_fork, record_failure, worker_failure
-from kerastorch.model_parallel import (
-    input_device,
-    is_model_parallel,
-    labels_to_outputs,
-    output_device,
-    parameter_devices,
-)
+from kerastorch.files.weights import load_weights
+from kerastorch.strategies.model_parallel import input_device, is_model_parallel, output_device, parameter_devices
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_SCRIPT = os.path.join(REPO_ROOT, "tests", "distributed_train_script.py")

@@ -17,8 +17,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 import kerastorch as kt
-from kerastorch.checkpoint import load_weights
 from kerastorch.examples import digits_datasets
+from kerastorch.files.weights import load_weights
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO_ROOT, "tests", "fsdp_training_script.py")

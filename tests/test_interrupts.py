@@ -15,9 +15,9 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import kerastorch as kt
-import kerastorch.state_file
+import kerastorch.files.state
 from kerastorch.callbacks.training_state import training_state_path
-from kerastorch.state_file import load_state_file
+from kerastorch.files.state import load_state_file
 
 
 class ScriptedLoss(nn.Module):
@@ -108,7 +108,7 @@ def test_ctrl_c_while_the_state_is_written_keeps_the_previous_state_whole(tmp_pa
         if len(calls) == 2:  # the state of epoch 2 is on disk under its temporary name
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(kerastorch.state_file.torch, "save", save_then_ctrl_c)
+    monkeypatch.setattr(kerastorch.files.state.torch, "save", save_then_ctrl_c)
     model, dl_train, dl_val, callbacks = tiny_run(ScriptedLoss())
     history = model.fit(
         dl_train, dl_val, epochs=3, patience=None, verbose=0, ckpt_path=ckpt, resume=True, callbacks=callbacks

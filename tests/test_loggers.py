@@ -165,7 +165,7 @@ def test_wandb_logger_writes_an_offline_run(tmp_path, monkeypatch):
     assert b"best_val_loss" in data
     weights = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "files" / "weights.safetensors"))
     assert len(weights) == 1
-    from kerastorch.checkpoint import load_weights
+    from kerastorch.files.weights import load_weights
 
     saved = load_weights(weights[0])
     assert all(torch.equal(saved[k], v) for k, v in model.net.state_dict().items())

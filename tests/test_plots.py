@@ -90,7 +90,7 @@ def small_model():
 
 def test_live_plot_outside_jupyter_rewrites_one_png_and_prints_its_path_once(tmp_path, capsys):
     dl_train, dl_val = digits_loaders(size=8)
-    live = kt.LivePlot(monitor="val_acc", mode="max", path=str(tmp_path / "plots" / "run.png"))
+    live = kt.callbacks.LivePlot(monitor="val_acc", mode="max", path=str(tmp_path / "plots" / "run.png"))
     dfhistory = small_model().fit(
         dl_train, dl_val, epochs=3, patience=None, monitor="val_acc", mode="max", callbacks=[live], verbose=0
     )
@@ -112,7 +112,7 @@ def test_live_plot_refuses_unknown_metrics_before_training(tmp_path):
             *digits_loaders(size=8),
             epochs=1,
             verbose=0,
-            callbacks=[kt.LivePlot(metrics=["loss", "val_f1"], path=str(tmp_path / "run.png"))],
+            callbacks=[kt.callbacks.LivePlot(metrics=["loss", "val_f1"], path=str(tmp_path / "run.png"))],
         )
     assert all(torch.equal(a, b) for a, b in zip(before, model.net.parameters()))
     assert not (tmp_path / "run.png").exists()

@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import kerastorch as kt
-from kerastorch.options import PRECISIONS, parse_precision
+from kerastorch.devices.words import PRECISIONS, parse_precision
 
 HAS_CUDA = torch.cuda.device_count() > 0  # counted through NVML: does not initialise CUDA in this process
 

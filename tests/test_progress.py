@@ -17,8 +17,8 @@ from torch import nn
 import kerastorch as kt
 from kerastorch.callbacks import ProgressBar
 from kerastorch.examples import digits_loaders
-from kerastorch.meters import EpochMeters
-from kerastorch.notebook import output_style
+from kerastorch.tools.notebook import output_style
+from kerastorch.training.meters import EpochMeters
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import kerastorch as kt
-from kerastorch.cuda_devices import _probe_in_child_process, cuda_visible_devices, visible_device_entries
-from kerastorch.options import parse_devices
-from kerastorch.plan import choose_devices, parse_accelerator
+from kerastorch.devices.cuda import _probe_in_child_process, cuda_visible_devices, visible_device_entries
+from kerastorch.devices.plan import choose_devices, parse_accelerator
+from kerastorch.devices.words import parse_devices
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_CUDA = torch.cuda.device_count() > 0  # counted through NVML: does not initialise CUDA in this process
@@ -53,7 +53,7 @@ without_cuda = pytest.mark.skipif(HAS_CUDA, reason="checks the answer on a machi
     ],
 )
 def test_parse_devices_follows_the_table(devices, parsed):
-    assert kt.parse_devices(devices, 4) == parsed
+    assert kt.devices.parse_devices(devices, 4) == parsed
 
 
 def test_auto_is_one_device_in_an_interactive_session():
@@ -179,20 +179,20 @@ def test_cuda_visible_devices_reads_this_process_mask(monkeypatch):
 
 
 def test_find_usable_zero_is_empty():
-    assert kt.find_usable_cuda_devices(0) == []
+    assert kt.devices.find_usable_cuda_devices(0) == []
 
 
 @pytest.mark.parametrize("bad, error", [(1.5, TypeError), ("2", TypeError), (True, TypeError), (-2, ValueError)])
 def test_find_usable_refuses_bad_counts(bad, error):
     with pytest.raises(error, match="-1 for all usable"):
-        kt.find_usable_cuda_devices(bad)
+        kt.devices.find_usable_cuda_devices(bad)
 
 
 @without_cuda
 @pytest.mark.parametrize("num_devices", [1, -1])
 def test_find_usable_without_cuda_says_why(num_devices):
     with pytest.raises(ValueError, match="accelerator='cpu'") as caught:
-        kt.find_usable_cuda_devices(num_devices)
+        kt.devices.find_usable_cuda_devices(num_devices)
     assert (
         "without CUDA" in str(caught.value)
         or "no CUDA device is visible" in str(caught.value)
@@ -226,7 +226,7 @@ def _run_python(code: str, **env: str) -> str:
 @needs_cuda
 def test_find_usable_one_leaves_cuda_uninitialised_in_the_caller():
     out = _run_python(
-        "import torch, kerastorch as kt; found = kt.find_usable_cuda_devices(1); "
+        "import torch, kerastorch as kt; found = kt.devices.find_usable_cuda_devices(1); "
         "print(found, torch.cuda.is_initialized())"
     )
     assert out == "[0] False"
@@ -234,10 +234,10 @@ def test_find_usable_one_leaves_cuda_uninitialised_in_the_caller():
 
 FORK_AFTER_CHOOSING = """
 import os, torch, kerastorch as kt
-from kerastorch.plan import choose_devices, parse_accelerator
+from kerastorch.devices.plan import choose_devices, parse_accelerator
 device_type = parse_accelerator("gpu")
 chosen = choose_devices(-1, device_type)
-usable = kt.find_usable_cuda_devices(1)
+usable = kt.devices.find_usable_cuda_devices(1)
 pid = os.fork()  # what a multi-process launch from a notebook does next
 if pid == 0:
     try:

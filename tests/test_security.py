@@ -13,8 +13,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import kerastorch as kt
 from kerastorch.callbacks.training_state import training_state_path
-from kerastorch.checkpoint import load_weights
-from kerastorch.state_file import load_state_file
+from kerastorch.files.state import load_state_file
+from kerastorch.files.weights import load_weights
 
 
 class RunsACommand:
@@ -93,7 +93,7 @@ def test_resume_refuses_a_crafted_training_state_and_runs_nothing(tmp_path, kind
 
 
 def test_a_state_with_an_object_in_it_is_never_written(tmp_path):
-    from kerastorch.state_file import save_state_file
+    from kerastorch.files.state import save_state_file
 
     with pytest.raises(TypeError, match=r"state\['extra'\]\[0\] is a RunsACommand"):
         save_state_file({"epoch": 1, "extra": [RunsACommand(tmp_path / "ran")]}, tmp_path / "s.state")

@@ -5,10 +5,11 @@
 of them is created.
 """
 
-from .adapters import TorchkerasCallback
+import importlib as _importlib
+
 from .base import Callback
 from .best_weights import RestoreBestWeights
-from .callback_list import CallbackList
+from .callback_list import CallbackList  # noqa: F401 (importable: the run's list, not a callback)
 from .csv_logger import CSVLogger
 from .early_stopping import EarlyStopping
 from .ema import EMA
@@ -17,7 +18,7 @@ from .live_plot import LivePlot
 from .lr_scheduler import LearningRateScheduler
 from .mlflow_logger import MLflowLogger
 from .model_checkpoint import ModelCheckpoint
-from .monitor import MonitorCallback
+from .monitor import MonitorCallback  # noqa: F401 (importable: the base of the monitoring callbacks)
 from .optuna_pruning import OptunaPruning
 from .progress import ProgressBar
 from .swa import SWA
@@ -29,7 +30,6 @@ from .wandb_logger import WandbLogger
 __all__ = [
     "CSVLogger",
     "Callback",
-    "CallbackList",
     "EMA",
     "EarlyStopping",
     "LambdaCallback",
@@ -37,14 +37,21 @@ __all__ = [
     "LivePlot",
     "MLflowLogger",
     "ModelCheckpoint",
-    "MonitorCallback",
     "OptunaPruning",
     "ProgressBar",
     "RestoreBestWeights",
     "SWA",
     "TensorBoard",
     "TerminateOnNaN",
-    "TorchkerasCallback",
     "TrainingState",
     "WandbLogger",
 ]
+
+# Importable from here as before; they live where they belong now.
+_MOVED = {"TorchkerasCallback": "kerastorch.compat.callbacks"}
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        return getattr(_importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

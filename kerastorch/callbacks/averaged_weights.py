@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from torch.optim.swa_utils import AveragedModel
 
-from ..checkpoint import unwrap
+from ..strategies import unwrap
 from .base import ORDER_AVERAGED_WEIGHTS, Callback
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from typing import Optional, Union
 
-from ..checkpoint import cpu_state_dict, load_whole_weights, save_weights
+from ..files.weights import save_weights
+from ..strategies import strategy_of
 from .base import ORDER_BEST_WEIGHTS
 from .monitor import MonitorCallback
 from .terminate_on_nan import losses_are_finite
@@ -45,7 +46,7 @@ class RestoreBestWeights(MonitorCallback):
         self.broke = False  # a NaN or infinite loss was seen
 
     def on_train_begin(self, logs=None):
-        self.initial_weights = cpu_state_dict(self.model.net)
+        self.initial_weights = strategy_of(self.model).whole_weights(self.model.net)
         self.best, self.best_epoch, self.best_weights, self.broke = None, None, None, False
 
     def on_epoch_end(self, epoch, logs=None):
@@ -55,7 +56,7 @@ class RestoreBestWeights(MonitorCallback):
             return
         if not self.watches(logs) or not self.update_best(epoch, logs):
             return
-        self.best_weights = cpu_state_dict(self.model.net)
+        self.best_weights = strategy_of(self.model).whole_weights(self.model.net)
         if self.ckpt_path and self.model.is_main_process:
             save_weights(self.best_weights, self.ckpt_path)
             if self.stale_state and os.path.isfile(self.stale_state):
@@ -67,7 +68,7 @@ class RestoreBestWeights(MonitorCallback):
 
     def on_train_end(self, logs=None):
         if self.best_weights is not None:
-            load_whole_weights(self.model.net, self.best_weights)
+            strategy_of(self.model).load_whole_weights(self.model.net, self.best_weights)
             # Said once, so a reader knows which weights the net holds now (not the last epoch's).
             if (self.params or {}).get("verbose"):
                 self.model.print(
@@ -75,7 +76,7 @@ class RestoreBestWeights(MonitorCallback):
                 )
         elif self.initial_weights is not None and (self.broke or (not logs and self.params.get("epochs"))):
             # NaN before any best, or stopped (Ctrl-C) before the first epoch ended: never half-trained weights.
-            load_whole_weights(self.model.net, self.initial_weights)
+            strategy_of(self.model).load_whole_weights(self.model.net, self.initial_weights)
             if self.broke:
                 self.model.print("No epoch had a finite loss, so the weights from before training are restored.")
         self.initial_weights = None

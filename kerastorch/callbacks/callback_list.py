@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
 
-from .adapters import as_callback
 from .base import HOOKS, Callback, overrides
 
 
@@ -15,9 +14,8 @@ class CallbackList:
     nothing, per step or otherwise; :meth:`wants` lets the loop skip even the call.
     """
 
-    def __init__(self, callbacks: Iterable[Any], model: Any, params: dict):
-        wrapped = [as_callback(cb) for cb in callbacks]
-        self.callbacks: list[Callback] = sorted(wrapped, key=lambda cb: getattr(cb, "order", 0))
+    def __init__(self, callbacks: Iterable[Callback], model: Any, params: dict):
+        self.callbacks: list[Callback] = sorted(callbacks, key=lambda cb: getattr(cb, "order", 0))
         for cb in self.callbacks:
             cb.set_model(model)
             cb.set_params(params)

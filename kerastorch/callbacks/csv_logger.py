@@ -6,7 +6,7 @@ import csv
 import os
 from typing import IO, Optional, Union
 
-from ..checkpoint import atomic_write
+from ..files.atomic import atomic_write
 from .base import Callback
 
 

@@ -8,8 +8,8 @@ from typing import Optional, Sequence
 
 import pandas as pd
 
-from ..notebook import in_notebook
-from ..plots import bare_name, history_quantities, plot_history
+from ..tools.notebook import in_notebook
+from ..tools.plots import bare_name, history_quantities, plot_history
 from .base import ORDER_DISPLAY, Callback
 
 

@@ -9,7 +9,8 @@ import tempfile
 import time
 from typing import Any, Optional
 
-from ..checkpoint import cpu_state_dict, save_weights, unwrap
+from ..files.weights import save_weights
+from ..strategies import strategy_of, unwrap
 from .base import ORDER_DISPLAY, Callback
 
 
@@ -137,7 +138,7 @@ class MLflowLogger(Callback):
             return
         with tempfile.TemporaryDirectory() as folder:  # the net holds the best weights by now
             path = os.path.join(folder, "best.safetensors")
-            save_weights(cpu_state_dict(self.model.net), path)
+            save_weights(strategy_of(self.model).whole_weights(self.model.net), path)
             self.client.log_artifact(self.run_id, path)
 
 

@@ -6,7 +6,8 @@ import os
 import string
 from typing import Optional, Union
 
-from ..checkpoint import check_writable, cpu_state_dict, save_weights
+from ..files.weights import check_writable, save_weights
+from ..strategies import whole_weights_on_main
 from .monitor import MonitorCallback
 
 
@@ -86,10 +87,11 @@ class ModelCheckpoint(MonitorCallback):
             return
         if self.save_best_only and (not self.watches(logs) or not self.update_best(epoch, logs)):
             return
-        if not self.model.is_main_process:
+        weights = whole_weights_on_main(self.model)  # every process: gathering may need them all
+        if weights is None:
             return
         path = self.filepath.format(**{**logs, "epoch": epoch})
-        save_weights(cpu_state_dict(self.model.net), path)
+        save_weights(weights, path)
         self._remember(path)
         if self.verbose:
             self.model.print(f"Epoch {epoch}: saved weights to {path}")

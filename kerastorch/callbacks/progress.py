@@ -7,7 +7,7 @@ and the monitored value marked when it improved::
 
 During an epoch a compact bar shows the running training values (short names, so it
 fits 80 columns). With ``verbose=1`` the form follows where the output goes (see
-:mod:`kerastorch.notebook`):
+:mod:`kerastorch.tools.notebook`):
 
 - Jupyter: one output updated in place (:mod:`~kerastorch.callbacks.notebook_progress`):
   the finished epochs' lines, then the running epoch's bar. No widgets needed.
@@ -27,7 +27,7 @@ from typing import Any, Optional, TextIO
 
 from tqdm.std import tqdm as text_tqdm
 
-from ..notebook import output_style
+from ..tools.notebook import output_style
 from .base import ORDER_PROGRESS, Callback
 from .monitor import improves
 from .notebook_progress import NotebookProgress

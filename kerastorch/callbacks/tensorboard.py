@@ -6,7 +6,7 @@ import datetime
 import os
 from typing import Any, Optional, Union
 
-from ..checkpoint import unwrap
+from ..strategies import unwrap
 from .base import Callback
 
 STAGES = ("train", "val")

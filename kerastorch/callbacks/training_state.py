@@ -36,10 +36,9 @@ import os
 import warnings
 from typing import Any, Iterable, Optional
 
-from ..checkpoint import cpu_state_dict, load_whole_weights, unwrap
-from ..fsdp import full_optimizer_state_dict, is_sharded, load_optimizer_state_dict
-from ..rng import capture_rng_state, restore_rng_state
-from ..state_file import load_state_file, save_state_file, to_plain
+from ..files.state import load_state_file, save_state_file, to_plain
+from ..strategies import strategy_of, unwrap
+from ..training.rng import capture_rng_state, restore_rng_state
 from .base import ORDER_TRAINING_STATE, Callback
 from .monitor import MonitorCallback
 from .terminate_on_nan import losses_are_finite
@@ -105,7 +104,7 @@ class TrainingState(Callback):
         if not losses_are_finite(logs):
             return  # the state stays at the last good epoch
         main = self.model.is_main_process
-        if main or is_sharded(unwrap(self.model.net)):  # sharded: every process gathers its shards into it
+        if main or strategy_of(self.model).gathers_together:  # gathering whole tensors may need every process
             state = self.collect(epoch)
             if main:
                 save_state_file(state, self.path)
@@ -115,17 +114,17 @@ class TrainingState(Callback):
     def collect(self, epoch: int) -> dict:
         """Everything the next epoch depends on, as plain tensors and numbers."""
         model, optimizer = self.model, self.model.optimizer
-        scheduler, scaler = model.lr_scheduler, _grad_scaler(model)
+        scheduler, scaler, strategy = model.lr_scheduler, _grad_scaler(model), strategy_of(model)
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
             "epoch": epoch,
             "stopped": bool(model.stop_training),
             "history": [dict(row) for row in self.history],
-            "net": cpu_state_dict(model.net),
+            "net": strategy.whole_weights(model.net),
             "optimizer_type": type(optimizer).__name__,
             "optimizer_param_shapes": _param_shapes(optimizer),
-            "optimizer": full_optimizer_state_dict(optimizer),
+            "optimizer": strategy.whole_optimizer_state(optimizer),
             "lr_scheduler_type": type(scheduler).__name__ if scheduler is not None else None,
             "lr_scheduler": scheduler.state_dict() if scheduler is not None else None,
             "grad_scaler": scaler.state_dict() if scaler is not None else None,
@@ -136,9 +135,9 @@ class TrainingState(Callback):
 
     def restore(self, state: dict) -> None:
         """Put a checked state back: weights, optimizer, scheduler, scaler, callbacks, history, RNG."""
-        model = self.model
-        load_whole_weights(model.net, state["net"])
-        load_optimizer_state_dict(model.optimizer, state["optimizer"])
+        model, strategy = self.model, strategy_of(self.model)
+        strategy.load_whole_weights(model.net, state["net"])
+        strategy.load_whole_optimizer_state(model.optimizer, state["optimizer"])
         if model.lr_scheduler is not None:
             model.lr_scheduler.load_state_dict(state["lr_scheduler"])
         scaler = _grad_scaler(model)
@@ -157,7 +156,7 @@ class TrainingState(Callback):
     def check_serializable(self) -> None:
         """Raise before training if some part of the state could not be written safely."""
         model = self.model
-        to_plain(full_optimizer_state_dict(model.optimizer), "optimizer.state_dict()")
+        to_plain(strategy_of(model).whole_optimizer_state(model.optimizer), "optimizer.state_dict()")
         to_plain(
             model.lr_scheduler.state_dict() if model.lr_scheduler is not None else None, "lr_scheduler.state_dict()"
         )

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from ..checkpoint import cpu_state_dict, save_weights
+from ..files.weights import save_weights
+from ..strategies import strategy_of
 from .base import ORDER_DISPLAY, Callback
 from .monitor import improves
 
@@ -57,7 +58,7 @@ class WandbLogger(Callback):
         self.project = project
         self.name = name
         if config is not None and not isinstance(config, dict):
-            config = vars(config)  # an argparse.Namespace, as torchkeras accepts
+            config = vars(config)  # an argparse.Namespace, as some programs pass it
         self.config = dict(config or {})
         self.log_weights = log_weights
         self.init_kwargs = init_kwargs
@@ -90,7 +91,7 @@ class WandbLogger(Callback):
         try:
             if self.log_weights:
                 path = os.path.join(self.run.dir, "weights.safetensors")
-                save_weights(cpu_state_dict(self.model.net), path)
+                save_weights(strategy_of(self.model).whole_weights(self.model.net), path)
                 artifact = self.wandb.Artifact(f"weights-{self.run.id}", type="model")
                 artifact.add_file(path)
                 self.run.log_artifact(artifact)
@@ -106,7 +107,7 @@ class WandbLogger(Callback):
             config = {**self._run_description(), **self.config}
             self.run = self.wandb.init(project=self.project, name=self.name, config=config, **self.init_kwargs)
             self.owns_run = True
-        self.model.run_id = self.run.id  # torchkeras programs read the run's id from the model
+        self.model.run_id = self.run.id  # programs read the run's id from the model
         # Every value is drawn against the epoch, not wandb's own step counter.
         self.run.define_metric("epoch", hidden=True)
         self.run.define_metric("*", step_metric="epoch")

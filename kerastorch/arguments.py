@@ -1,0 +1,441 @@
+"""The one door for the keywords of ``fit``, ``fit_one_cycle``, ``lr_find`` and ``doctor``.
+
+Users type the words Keras, torchkeras and Lightning taught them: ``x=`` or ``train_data=``,
+``validation_data=`` or ``val_data=``, ``quiet=True`` or ``verbose=0``, ``mixed_precision="bf16"``
+or ``precision="bf16-mixed"``, ``strategy="fsdp"`` or ``strategy=kt.strategies.FSDP(...)``. This
+module is the only place that checks a keyword's value and resolves ``"auto"`` (the monitored
+value and its mode, the strategy's word), and the only reader of the raw keywords: what leaves
+it is frozen settings (:mod:`kerastorch.settings`) and the data as given (:class:`FitData`).
+Everything downstream trusts them.
+
+``KerasModel``'s methods take the same keywords, with the same defaults, and hand them here
+unchanged (a test holds the two signatures equal). Adding a keyword touches this door, the
+method's signature and docstring, the consumer, and a test.
+
+Checks that need the data as loaders, the net or the first batch are not about keywords:
+they live in :mod:`kerastorch.checks`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import numbers
+import os
+from typing import Any, Optional, Sequence, Union
+
+from .callbacks.base import Callback
+from .callbacks.monitor import auto_mode, check_mode
+from .callbacks.training_state import training_state_path
+from .compat.arguments import verbose_from_quiet
+from .compat.callbacks import as_callback
+from .compat.runners import program_runners
+from .data.forms import FitData, keras_positional
+from .devices.words import parse_accelerator_word, parse_precision
+from .files.weights import check_writable
+from .settings import (
+    DataSettings,
+    DeviceSettings,
+    FinderSettings,
+    FitSettings,
+    MonitorSettings,
+    OutputSettings,
+    StepSettings,
+)
+from .strategies import Strategy, parse_strategy
+from .training.history import history_columns
+from .training.meters import is_stateful_metric
+
+
+def fit_arguments(
+    model: Any,
+    train_data: Any = None,
+    val_data: Any = None,
+    epochs: int = 10,
+    patience: Optional[int] = 5,
+    monitor: Optional[str] = None,
+    mode: str = "auto",
+    min_delta: float = 0.0,
+    ckpt_path: Optional[Union[str, os.PathLike]] = None,
+    resume: bool = False,
+    callbacks: Optional[Sequence] = None,
+    verbose: int = 1,
+    plot: bool = False,
+    quiet: Optional[bool] = None,
+    wandb: Union[bool, dict] = False,
+    accelerator: str = "auto",
+    devices: Any = "auto",
+    precision: Any = "32-true",
+    strategy: Union[str, Strategy] = "auto",
+    mixed_precision: Optional[str] = None,
+    cpu: bool = False,
+    gradient_accumulation_steps: int = 1,
+    gradient_clip_val: Optional[float] = None,
+    gradient_clip_algorithm: str = "norm",
+    *,
+    x: Any = None,
+    y: Any = None,
+    validation_data: Any = None,
+    batch_size: Optional[int] = None,
+    shuffle: bool = True,
+    validation_split: float = 0.0,
+    class_weight: Union[dict, str, None] = None,
+    sample_weight: Any = None,
+    steps_per_epoch: Optional[int] = None,
+    validation_freq: int = 1,
+    weighted_metrics: Optional[dict] = None,
+    doctor: bool = False,
+    compile: Union[bool, str, dict] = False,
+    fsdp_wrap: Optional[Sequence[type]] = None,
+) -> tuple[FitData, FitSettings]:
+    """``KerasModel.fit``'s keywords, checked, as the data given and the run's settings (see
+    ``KerasModel.fit`` for what each means)."""
+    data = fit_data(train_data, val_data, x, y, validation_data, sample_weight)
+    data_settings = data_arguments(
+        batch_size, shuffle, validation_split, class_weight, steps_per_epoch, validation_freq
+    )
+    if validation_split and data.val is not None:
+        raise ValueError("Both validation_split and val_data/validation_data were given; pass only one of them.")
+    check_whole_number("epochs", epochs, minimum=0)
+    check_weighted_metrics(weighted_metrics, model.metrics_dict)
+    has_val = data.val is not None or bool(validation_split)
+    metric_names = [*model.metrics_dict, *(weighted_metrics or {})]
+    monitoring = monitor_arguments(
+        model, monitor, mode, min_delta, patience, ckpt_path, resume, has_val, metric_names, weighted_metrics
+    )
+    step = step_arguments(
+        gradient_accumulation_steps,
+        gradient_clip_val,
+        gradient_clip_algorithm,
+        model.lr_scheduler_interval,
+        monitoring.monitor,
+    )
+    settings = FitSettings(
+        epochs=epochs,
+        callbacks=callback_arguments(callbacks),
+        monitoring=monitoring,
+        output=output_arguments(verbose, quiet, plot, wandb),
+        devices=device_arguments(accelerator, devices, precision, mixed_precision, cpu, strategy, compile, fsdp_wrap),
+        step=step,
+        data=data_settings,
+        doctor=check_flag("doctor", doctor),
+        weighted_metrics=weighted_metrics,
+    )
+    return data, settings
+
+
+def finder_arguments(
+    model: Any,
+    train_data: Any = None,
+    y: Any = None,
+    *,
+    start_lr: float = 1e-7,
+    end_lr: float = 10.0,
+    num_steps: int = 100,
+    smoothing: float = 0.98,
+    diverge: float = 4.0,
+    x: Any = None,
+    batch_size: Optional[int] = None,
+    shuffle: bool = True,
+    validation_split: float = 0.0,
+    sample_weight: Any = None,
+    accelerator: str = "auto",
+    devices: Any = "auto",
+    precision: Any = "32-true",
+    mixed_precision: Optional[str] = None,
+    cpu: bool = False,
+) -> tuple[FitData, DeviceSettings, DataSettings, FinderSettings]:
+    """``KerasModel.lr_find``'s keywords, checked: the data, where it runs, how batches are made,
+    and the range test's settings."""
+    data = fit_data(train_data, None, x, y, None, sample_weight)
+    data_settings = data_arguments(batch_size, shuffle, validation_split)
+    device_settings = device_arguments(accelerator, devices, precision, mixed_precision, cpu)
+    return data, device_settings, data_settings, finder_range(start_lr, end_lr, num_steps, smoothing, diverge)
+
+
+def finder_range(start_lr: float, end_lr: float, num_steps: int, smoothing: float, diverge: float) -> FinderSettings:
+    """The range test's settings, checked."""
+    if not (
+        isinstance(start_lr, (int, float))
+        and isinstance(end_lr, (int, float))
+        and not isinstance(start_lr, bool)
+        and 0 < start_lr < end_lr
+    ):
+        raise ValueError(f"lr_find needs 0 < start_lr < end_lr; got start_lr={start_lr!r}, end_lr={end_lr!r}.")
+    if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 5:
+        raise ValueError(f"num_steps={num_steps!r}; lr_find needs at least 5 steps (100 is usual).")
+    if not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
+        raise ValueError(f"smoothing={smoothing!r}; use a number in [0, 1), e.g. 0.98.")
+    if not isinstance(diverge, (int, float)) or not diverge > 1:
+        raise ValueError(f"diverge={diverge!r}; use a factor > 1, e.g. 4 (stop when the loss is 4x its best).")
+    return FinderSettings(float(start_lr), float(end_lr), num_steps, float(smoothing), float(diverge))
+
+
+def max_lr_argument(max_lr: Any) -> Optional[float]:
+    """``fit_one_cycle``'s peak learning rate: a positive number, or None to let ``lr_find`` choose."""
+    if max_lr is None:
+        return None
+    if not isinstance(max_lr, (int, float)) or isinstance(max_lr, bool) or max_lr <= 0:
+        raise ValueError(f"max_lr={max_lr!r}; use a positive learning rate, or None to let lr_find choose.")
+    return float(max_lr)
+
+
+def doctor_arguments(
+    model: Any,
+    train_data: Any = None,
+    val_data: Any = None,
+    *,
+    y: Any = None,
+    batch_size: Optional[int] = None,
+    num_batches: int = 4,
+    overfit_steps: int = 60,
+) -> tuple[FitData, DataSettings]:
+    """``KerasModel.doctor``'s keywords, checked: the data and how its batches are made."""
+    check_whole_number("num_batches", num_batches, minimum=1)
+    check_whole_number("overfit_steps", overfit_steps, minimum=1)
+    return fit_data(train_data, val_data, None, y, None, None), data_arguments(batch_size, shuffle=True)
+
+
+# -- the groups ----------------------------------------------------------------------------------
+
+
+def fit_data(train: Any, val: Any, x: Any, y: Any, validation_data: Any, sample_weight: Any) -> FitData:
+    """The data as given, under one name each: Keras's ``x`` / ``validation_data`` are ``train_data`` /
+    ``val_data``, and ``fit(X, y)`` puts the labels in ``val_data``'s place."""
+    train = one_of("train_data", train, "x", x)
+    y, val = keras_positional(train, val, y)
+    val = one_of("val_data", val, "validation_data", validation_data)
+    return FitData(train, val, y, sample_weight)
+
+
+def one_of(name: str, value: Any, alias: str, alias_value: Any) -> Any:
+    """The value of a keyword that has two names; giving both is an error."""
+    if alias_value is None:
+        return value
+    if value is not None:
+        raise ValueError(f"Both {name} and {alias} were given; they are the same argument: pass one.")
+    return alias_value
+
+
+def data_arguments(
+    batch_size: Any = None,
+    shuffle: Any = True,
+    validation_split: Any = 0.0,
+    class_weight: Any = None,
+    steps_per_epoch: Any = None,
+    validation_freq: Any = 1,
+) -> DataSettings:
+    """Keras's words for how arrays and Datasets become batches, and how long an epoch is."""
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1 or isinstance(batch_size, bool)):
+        raise ValueError(f"batch_size={batch_size!r}; use a whole number of samples >= 1, e.g. 32.")
+    check_flag("shuffle", shuffle, error=TypeError)
+    if (
+        not isinstance(validation_split, (int, float))
+        or isinstance(validation_split, bool)
+        or not 0 <= validation_split < 1
+    ):
+        raise ValueError(
+            f"validation_split={validation_split!r}; use a fraction in [0, 1), e.g. 0.2 for the last 20 %."
+        )
+    if steps_per_epoch is not None:
+        check_whole_number("steps_per_epoch", steps_per_epoch, minimum=1, hint="or None for whole passes")
+    check_whole_number("validation_freq", validation_freq, minimum=1)
+    return DataSettings(batch_size, shuffle, validation_split, class_weight, steps_per_epoch, validation_freq)
+
+
+def monitor_arguments(
+    model: Any,
+    monitor: Optional[str],
+    mode: str,
+    min_delta: float,
+    patience: Any,
+    ckpt_path: Any,
+    resume: Any,
+    has_val: bool,
+    metric_names: list[str],
+    weighted_metrics: Optional[dict],
+) -> MonitorSettings:
+    """Which value picks the best epoch (``val_loss``, or ``train_loss`` without validation data,
+    by default), in which direction (``"auto"``: from the metric or the name), and what follows."""
+    if isinstance(patience, (str, os.PathLike)):
+        raise TypeError(
+            f"patience={patience!r} looks like a file path. fit's fourth argument is patience (Keras's "
+            "order), not the checkpoint's path. Pass it by name: fit(train_data, val_data, epochs, "
+            f"ckpt_path={os.fspath(patience)!r})."
+        )
+    if patience is not None:
+        check_whole_number("patience", patience, minimum=0, hint="or patience=None to never stop early")
+    check_mode(mode)
+    monitor = monitor or ("val_loss" if has_val else "train_loss")
+    if program_runners(model) is None:  # a program's own step names its values on its first batch
+        check_monitor(monitor, metric_names, has_val)
+    mode_was_auto = mode == "auto"
+    if mode_was_auto:
+        mode = auto_mode(monitor, {**model.metrics_dict, **(weighted_metrics or {})})
+    if ckpt_path is not None:
+        check_writable(ckpt_path)
+    check_resume(resume, ckpt_path)
+    return MonitorSettings(monitor, mode, min_delta, patience, ckpt_path, resume, mode_was_auto)
+
+
+def step_arguments(
+    accumulation_steps: Any, clip_val: Any, clip_algorithm: Any, scheduler_interval: str, monitor: str
+) -> StepSettings:
+    """How gradients become updates: accumulation, clipping, when the scheduler steps."""
+    check_whole_number("gradient_accumulation_steps", accumulation_steps, minimum=1)
+    if clip_val is not None and (not isinstance(clip_val, (int, float)) or isinstance(clip_val, bool) or clip_val <= 0):
+        raise ValueError(f"gradient_clip_val={clip_val!r} must be a positive number (or None for no clipping).")
+    if clip_algorithm not in ("norm", "value"):
+        raise ValueError(f"gradient_clip_algorithm={clip_algorithm!r}; use 'norm' or 'value'.")
+    return StepSettings(accumulation_steps, clip_val, clip_algorithm, scheduler_interval, monitor)
+
+
+def output_arguments(verbose: Any, quiet: Optional[bool], plot: Any, wandb: Any) -> OutputSettings:
+    """What the run shows: progress (``verbose``; ``quiet=True`` is ``verbose=0``), the plot, W&B."""
+    verbose = verbose_from_quiet(verbose, quiet)
+    if verbose not in (0, 1, 2, False, True):
+        raise ValueError(f"verbose={verbose!r}; use 0 (silent), 1 (progress bars) or 2 (one line per epoch).")
+    return OutputSettings(int(verbose), plot, wandb)
+
+
+def device_arguments(
+    accelerator: Any = "auto",
+    devices: Any = "auto",
+    precision: Any = "32-true",
+    mixed_precision: Optional[str] = None,
+    cpu: bool = False,
+    strategy: Any = "auto",
+    compile: Any = False,
+    fsdp_wrap: Any = None,
+) -> DeviceSettings:
+    """Lightning's words for where and how the run trains (torchkeras's ``mixed_precision`` and
+    ``cpu`` too), parsed without touching the hardware; :mod:`kerastorch.devices.plan` matches them
+    against the machine."""
+    return DeviceSettings(
+        parse_accelerator_word(accelerator, cpu),
+        devices,
+        parse_precision(precision, mixed_precision),
+        parse_strategy(strategy, fsdp_wrap),
+        parse_compile(compile),
+    )
+
+
+def parse_compile(compile: Any = False) -> Optional[dict]:
+    """Return the keyword arguments for ``torch.compile``, or None when the net runs eagerly.
+
+    ``True`` compiles with torch's defaults, a dict is passed to ``torch.compile``, and
+    ``"strict"`` adds ``{"strict": True}``: a failure to compile raises instead of warning.
+
+    >>> parse_compile(False) is None
+    True
+    >>> parse_compile({"mode": "reduce-overhead"})
+    {'mode': 'reduce-overhead'}
+    >>> parse_compile("strict")
+    {'strict': True}
+    """
+    if compile is False or compile is None:
+        return None
+    if compile is True:
+        return {}
+    if isinstance(compile, str) and compile.strip().lower() == "strict":
+        return {"strict": True}
+    if isinstance(compile, dict) and all(isinstance(key, str) for key in compile):
+        return dict(compile)
+    raise ValueError(
+        f"compile={compile!r} is not understood; expected True, False, 'strict' or a dict of "
+        "torch.compile arguments such as {'mode': 'max-autotune'}."
+    )
+
+
+def callback_arguments(callbacks: Any) -> tuple[Callback, ...]:
+    """The user's callbacks as kerastorch callbacks (callbacks written for torchkeras are wrapped)."""
+    if callbacks is None:
+        return ()
+    if isinstance(callbacks, Callback) or not isinstance(callbacks, (list, tuple)):
+        raise TypeError(
+            f"callbacks is a {type(callbacks).__name__}, but it must be a list of callbacks, e.g. "
+            "callbacks=[kt.callbacks.EarlyStopping('val_loss', patience=3)]."
+        )
+    return tuple(as_callback(callback) for callback in callbacks)
+
+
+# -- single values -------------------------------------------------------------------------------
+
+
+def check_whole_number(name: str, value: Any, minimum: int, hint: str = "") -> None:
+    """A whole number >= ``minimum`` (NumPy integers from a config or a grid count too)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        extra = f" ({hint})" if hint else ""
+        raise ValueError(f"{name}={value!r} must be a whole number >= {minimum}{extra}.")
+
+
+def check_flag(name: str, value: Any, error: type[Exception] = ValueError) -> bool:
+    """True or False, nothing else."""
+    if not isinstance(value, bool):
+        raise error(f"{name}={value!r} must be True or False.")
+    return value
+
+
+def check_resume(resume: Any, ckpt_path: Any) -> None:
+    """``resume=True`` keeps the training state beside ``ckpt_path``, which it therefore needs."""
+    if not isinstance(resume, bool):
+        raise TypeError(f"resume={resume!r} must be True or False.")
+    if not resume:
+        return
+    if ckpt_path is None:
+        raise ValueError(
+            "resume=True needs a ckpt_path: the best weights go to that file and the training state "
+            "beside it. Try fit(..., ckpt_path='runs/best.safetensors', resume=True), which keeps the "
+            "state in 'runs/best.safetensors.state'."
+        )
+    state_path = training_state_path(ckpt_path)
+    if os.path.isdir(state_path):
+        raise ValueError(
+            f"The training state goes to {state_path!r}, which is a folder. Move it away, or choose another ckpt_path."
+        )
+
+
+def check_monitor(monitor: str, metric_names: list[str], has_val: bool) -> None:
+    """``monitor`` names a value the run will produce, known before the first batch."""
+    names = history_columns(metric_names, has_val)
+    if monitor in names:
+        return
+    if monitor.startswith("val_") and not has_val and monitor in history_columns(metric_names, True):
+        raise ValueError(
+            f"monitor={monitor!r} needs validation data, but val_data is None. Pass val_data=..., "
+            f"or monitor one of: {', '.join(names)}."
+        )
+    close = difflib.get_close_matches(str(monitor), names, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ValueError(f"monitor={monitor!r} is not a value this run produces; available: {', '.join(names)}.{hint}")
+
+
+def check_weighted_metrics(weighted_metrics: Optional[dict], metrics_dict: dict) -> None:
+    """Functions under names of their own, apart from the model's metrics."""
+    if weighted_metrics is None:
+        return
+    if not isinstance(weighted_metrics, dict):
+        raise TypeError(
+            f"weighted_metrics is a {type(weighted_metrics).__name__}; use a dict of name -> function, e.g. "
+            "{'wacc': lambda preds, y: (preds.argmax(1) == y).float()}."
+        )
+    for name, fn in weighted_metrics.items():
+        if not isinstance(name, str) or not name or not callable(fn) or is_stateful_metric(fn):
+            raise TypeError(
+                f"weighted_metrics[{name!r}] must be a function f(preds, labels) returning one value per "
+                "sample (or per batch); stateful metric objects cannot be weighted."
+            )
+        if name in metrics_dict:
+            raise ValueError(
+                f"weighted_metrics[{name!r}] has the name of a metric in metrics_dict; give it another, "
+                f"e.g. 'weighted_{name}'."
+            )
+
+
+__all__ = [
+    "device_arguments",
+    "doctor_arguments",
+    "finder_arguments",
+    "fit_arguments",
+    "max_lr_argument",
+    "parse_compile",
+]

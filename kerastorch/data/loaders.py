@@ -1,0 +1,88 @@
+"""The loaders kerastorch builds, and what wraps a loader for one run: class weights and
+Keras's ``steps_per_epoch``; every training label read for class weights."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
+
+from ..settings import DEFAULT_BATCH_SIZE, DataSettings
+from .arrays import ArrayDataset
+from .batches import LABEL_KEYS, split_batch, split_sample_weight
+from .peek import rng_untouched
+from .sample_weights import ClassWeighted
+
+
+def loader_for(dataset: Dataset, batch_size: Optional[int], shuffle: bool, pin_memory: bool) -> DataLoader:
+    """The DataLoader kerastorch builds: ``batch_size`` (default 32), shuffled for training.
+
+    No worker processes: for data already in memory they only add copying; when loading a
+    sample does real work (files, augmentation), pass your own
+    ``DataLoader(dataset, num_workers=...)`` instead.
+    """
+    iterable = isinstance(dataset, IterableDataset)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size or DEFAULT_BATCH_SIZE,
+        shuffle=shuffle and not iterable,
+        pin_memory=pin_memory,
+    )
+
+
+class EpochSteps:
+    """``steps_per_epoch`` batches per epoch from one iterator that the next epoch continues,
+    as Keras does; a finite loader that runs out starts a new pass."""
+
+    def __init__(self, loader: Any, steps: int):
+        self.loader = loader  # named so that rng.py finds the data order inside
+        self.steps = steps
+        self._iterator: Optional[Iterator] = None
+
+    def __iter__(self) -> Iterator:
+        for _ in range(self.steps):
+            if self._iterator is None:
+                self._iterator = iter(self.loader)
+            try:
+                yield next(self._iterator)
+            except StopIteration:
+                self._iterator = iter(self.loader)
+                try:
+                    yield next(self._iterator)
+                except StopIteration:
+                    return  # an empty loader: the loop says so
+
+    def __len__(self) -> int:
+        return self.steps
+
+
+def training_labels(loader: Any) -> torch.Tensor:
+    """Every training label, for class weights: read from the arrays when kerastorch built the
+    loader, else by one pass over the loader (its data order left as it was)."""
+    dataset = getattr(loader, "dataset", None)
+    indices: Any = slice(None)
+    if isinstance(dataset, Subset):
+        dataset, indices = dataset.dataset, list(dataset.indices)  # type: ignore[attr-defined]
+    if isinstance(dataset, ArrayDataset):
+        arrays = dataset.arrays
+        labels = next(v for k, v in arrays.items() if k in LABEL_KEYS) if isinstance(arrays, dict) else arrays[-1]
+        return labels[indices]
+    found = []
+    with rng_untouched(loader):
+        for batch in loader:
+            _, _, labels = split_batch(split_sample_weight(batch)[0])
+            found.append(torch.as_tensor(labels).reshape(-1).cpu())
+    return torch.cat(found) if found else torch.zeros(0, dtype=torch.long)
+
+
+def per_process_training_data(loader: Any, settings: DataSettings, class_weights: Optional[torch.Tensor]) -> Any:
+    """What wraps this process's share of the training loader: class weights, then steps per epoch."""
+    if class_weights is not None:
+        loader = ClassWeighted(loader, class_weights)
+    if settings.steps_per_epoch is not None:
+        loader = EpochSteps(loader, settings.steps_per_epoch)
+    return loader
+
+
+__all__ = ["EpochSteps", "loader_for", "per_process_training_data", "training_labels"]

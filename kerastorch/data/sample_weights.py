@@ -1,0 +1,145 @@
+"""Per-sample and per-class weights of the loss.
+
+With weights, the loss of a batch of n samples is Keras's "sum over batch size":
+
+    loss = (1/n) * sum_i w_i * l_i
+
+where ``l_i`` is the sample's own loss (the user's loss with ``reduction="none"``,
+averaged over any non-batch dimensions) and ``w_i`` its weight (``sample_weight``
+times ``class_weight[label]``). Summed over an epoch's batches by their sizes, the
+history's ``train_loss`` is exactly ``(1/N) * sum over the epoch's N samples of w_i * l_i``,
+the quantity the optimizer minimises. ``metrics_dict``'s metrics are not weighted;
+``fit(weighted_metrics=...)``'s functions are (:mod:`kerastorch.training.meters`).
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from .batches import WeightedSample, split_batch, split_sample_weight
+
+# The per-sample copy of each loss object, made once; a shallow copy shares the user's
+# buffers (a CrossEntropyLoss's weight), so moving the loss moves its copy too.
+_PER_SAMPLE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+BALANCED = "balanced"
+
+
+def can_weight(loss_fn: Any) -> bool:
+    """True when the loss has a per-sample form: a ``reduction`` attribute, as every torch loss has."""
+    return isinstance(getattr(loss_fn, "reduction", None), str)
+
+
+def check_weighted_loss(loss_fn: Any, asked_for: str) -> None:
+    """Refuse weights for a loss that has no per-sample form, before training."""
+    if not can_weight(loss_fn):
+        raise ValueError(
+            f"{asked_for} needs the loss of each sample, but loss_fn ({type(loss_fn).__name__}) has no reduction "
+            "attribute to ask for it. Use a torch loss (e.g. nn.CrossEntropyLoss(), nn.MSELoss()), or override "
+            "KerasModel.forward_batch to weight your loss yourself."
+        )
+
+
+def per_sample_loss(loss_fn: Any) -> Any:
+    """The user's loss with ``reduction="none"``; the user's object itself is never changed."""
+    try:
+        return _PER_SAMPLE[loss_fn]
+    except (KeyError, TypeError):
+        pass
+    unreduced = copy.copy(loss_fn)
+    unreduced.reduction = "none"
+    try:
+        _PER_SAMPLE[loss_fn] = unreduced
+    except TypeError:  # an object that takes no weak reference: made anew each time
+        pass
+    return unreduced
+
+
+def weighted_loss(loss_fn: Any, preds: Any, labels: Any, weight: torch.Tensor) -> torch.Tensor:
+    """``(1/n) * sum_i w_i * l_i`` over the batch (see the module docstring)."""
+    losses = per_sample_loss(loss_fn)(preds, labels)
+    if losses.dim() > 1:
+        losses = losses.reshape(losses.shape[0], -1).mean(dim=1)
+    weight = weight.to(device=losses.device, dtype=losses.dtype).reshape(-1)
+    if weight.shape[0] != losses.shape[0]:
+        raise ValueError(
+            f"The batch has {losses.shape[0]} per-sample losses but {weight.shape[0]} sample weights; "
+            "give one weight per sample."
+        )
+    return (losses * weight).mean()
+
+
+def class_weight_table(class_weight: Any, labels: torch.Tensor) -> torch.Tensor:
+    """A tensor ``table[c]`` = the weight of class c, from a dict ``{class: weight}`` or ``"balanced"``.
+
+    ``labels`` are all the training labels (integers): they tell which classes exist and,
+    for ``"balanced"``, how many samples each has (``N / (num_classes * count_c)``, as
+    scikit-learn and Keras compute it). Classes a dict does not name get weight 1.
+
+    >>> class_weight_table({1: 3.0}, torch.tensor([0, 1, 1, 2])).tolist()
+    [1.0, 3.0, 1.0]
+    >>> class_weight_table("balanced", torch.tensor([0, 1, 1, 1])).tolist()
+    [2.0, 0.6666666865348816]
+    """
+    labels = labels.reshape(-1)
+    if labels.is_floating_point() or labels.dtype == torch.bool:
+        raise ValueError(
+            f"class_weight needs integer class labels, but the labels are {str(labels.dtype).replace('torch.', '')} "
+            "(a regression target?). For per-sample weights of a regression use sample_weight=..."
+        )
+    if labels.numel() and int(labels.min()) < 0:
+        raise ValueError(f"class_weight needs class labels 0, 1, 2, ...; the labels include {int(labels.min())}.")
+    present = sorted(int(c) for c in torch.unique(labels))
+    size = (max(present) + 1) if present else 0
+    if isinstance(class_weight, str):
+        if class_weight != BALANCED:
+            raise ValueError(f"class_weight={class_weight!r}; use a dict {{class: weight}} or 'balanced'.")
+        counts = torch.bincount(labels, minlength=size).float()
+        table = torch.ones(size)
+        seen = counts > 0
+        table[seen] = labels.numel() / (len(present) * counts[seen])
+        return table
+    if not isinstance(class_weight, Mapping) or not class_weight:
+        raise TypeError(
+            f"class_weight is a {type(class_weight).__name__}; use a dict {{class: weight}} such as "
+            "{0: 1.0, 1: 5.0}, or 'balanced'."
+        )
+    unknown = [c for c in class_weight if int(c) not in present]
+    if unknown:
+        raise ValueError(
+            f"class_weight names class {unknown[0]!r}, which the training labels never have; they have "
+            f"{present}. Check the class numbering (labels count from 0)."
+        )
+    table = torch.ones(size)
+    for cls, value in class_weight.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"class_weight[{cls!r}]={value!r}; a class weight is a number >= 0.")
+        table[int(cls)] = float(value)
+    return table
+
+
+class ClassWeighted:
+    """A training loader whose batches carry ``class_weight[label]`` as their sample weights
+    (times any sample weights they already have). Works over any loader, sharded or not."""
+
+    def __init__(self, loader: Any, table: torch.Tensor):
+        self.loader = loader  # named so that rng.py finds the data order inside
+        self.table = table
+
+    def __iter__(self):
+        for batch in self.loader:
+            plain, weight = split_sample_weight(batch)
+            _, _, labels = split_batch(plain)
+            class_weight = self.table.to(labels.device)[labels.reshape(-1).long()]
+            yield WeightedSample(plain, class_weight if weight is None else weight.reshape(-1) * class_weight)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+__all__ = ["ClassWeighted", "check_weighted_loss", "class_weight_table", "weighted_loss"]

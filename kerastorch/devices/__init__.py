@@ -1,0 +1,16 @@
+"""Where a run trains: Lightning's words for devices and precision (:mod:`~kerastorch.devices.words`),
+the machine's GPUs counted without initialising CUDA (:mod:`~kerastorch.devices.cuda`), the plan
+(this process, k forked workers, or one rank of a job: :mod:`~kerastorch.devices.plan`), the k
+worker processes started from a notebook (:mod:`~kerastorch.devices.launch`), the runtime the loop
+talks to (:mod:`~kerastorch.devices.runtime`) and the net placed on it
+(:mod:`~kerastorch.devices.placement`).
+
+>>> import kerastorch as kt
+>>> kt.devices.parse_devices("0, 2", num_available=4)
+[0, 2]
+"""
+
+from .cuda import find_usable_cuda_devices
+from .words import parse_devices
+
+__all__ = ["find_usable_cuda_devices", "parse_devices"]

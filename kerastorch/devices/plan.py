@@ -1,0 +1,165 @@
+"""Where a ``fit`` run happens, decided once and kept as a value.
+
+A run happens in one of three places:
+
+- ``"here"``: this process, on one device;
+- ``"workers"``: ``fit(devices=k)`` from a notebook or a plain ``python`` process starts
+  k processes (:mod:`kerastorch.devices.launch`), each of which runs the plan ``for_worker()``;
+- ``"rank"``: this process is one rank of a job that ``torchrun`` or ``accelerate launch``
+  started; the launcher chose its device.
+
+:func:`make_plan` matches the parsed words (:mod:`kerastorch.devices.words`) against the
+machine: which accelerators exist and how many devices each has. CUDA is counted
+without being initialised (:mod:`kerastorch.devices.cuda`), so a plan made in a
+notebook still lets the notebook fork workers that use the GPUs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import warnings
+from typing import Optional
+
+import torch
+
+from ..settings import DeviceSettings
+from ..strategies import Strategy, resolve, strategy_for_net
+from .cuda import cuda_device_count, mps_available, why_no_cuda
+from .words import DevicesArg, count_asked, is_auto, parse_accelerator_word, parse_devices
+
+WHERE = ("here", "workers", "rank")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Where and how a run trains: ``where`` (see the module docstring), the torch device
+    type, the chosen device indices (empty for ``"rank"``: the launcher chose), the
+    precision that will really run, the strategy, and the job's number of processes."""
+
+    where: str
+    device_type: str
+    devices: tuple[int, ...]
+    precision: str
+    strategy: Strategy
+    world_size: int = 1  # the processes of the job this process is a rank of
+
+    @property
+    def num_processes(self) -> int:
+        """How many processes train together: k workers, the job's ranks, or this one."""
+        if self.where == "workers":
+            return len(self.devices)
+        return self.world_size if self.where == "rank" else 1
+
+    def for_worker(self) -> Plan:
+        """The plan each started worker runs: one rank of the job."""
+        return dataclasses.replace(self, where="rank", devices=(), world_size=len(self.devices))
+
+    def single_device(self) -> Optional[str]:
+        """The exact device of a one-process run (``"cuda:1"``, ``"cpu"``); None for MPS or a rank."""
+        if self.where != "here":
+            return None
+        return {"cuda": f"cuda:{self.devices[0]}", "cpu": "cpu"}.get(self.device_type)
+
+
+def make_plan(settings: DeviceSettings, net: torch.nn.Module) -> Plan:
+    """Decide where the run happens. Errors (absent hardware, too many devices) come before anything starts."""
+    device_type = device_type_for(settings.accelerator)
+    precision = settings.precision
+    if device_type in ("cpu", "mps") and precision == "16-mixed":
+        warnings.warn(
+            f"precision='16-mixed' is not supported on {device_type.upper()} (see the precision table); "
+            "running 'bf16-mixed' instead. Pass precision='bf16-mixed' to silence this warning.",
+            UserWarning,
+            stacklevel=4,
+        )
+        precision = "bf16-mixed"
+    if launched_by_distributed_runner():
+        world_size = int(os.environ["WORLD_SIZE"])
+        strategy = resolve(settings.strategy, net, world_size)
+        return Plan("rank", device_type, (), precision, strategy, world_size)
+    devices = settings.devices
+    if is_auto(devices) and not strategy_for_net(net).moves_net:
+        devices = 1  # the user placed the net's pieces; it trains in this one process
+    chosen = tuple(choose_devices(devices, device_type))
+    strategy = resolve(settings.strategy, net, len(chosen))
+    return Plan("workers" if len(chosen) > 1 else "here", device_type, chosen, precision, strategy)
+
+
+def parse_accelerator(accelerator: str = "auto", cpu: bool = False) -> str:
+    """Return the torch device type to run on: ``"cuda"``, ``"mps"`` or ``"cpu"``.
+
+    ``"auto"`` prefers CUDA, then MPS, then the CPU; ``"gpu"`` means CUDA, else MPS.
+    Asking for hardware that is absent is an error, never a silent fall back to the CPU.
+    ``cpu=True`` is torchkeras's way of saying ``accelerator="cpu"``.
+    """
+    return device_type_for(parse_accelerator_word(accelerator, cpu))
+
+
+def device_type_for(word: str) -> str:
+    """The torch device type for an accelerator word already parsed (one of ``ACCELERATORS``)."""
+    if word == "cpu":
+        return "cpu"
+    has_cuda, has_mps = cuda_device_count() > 0, mps_available()
+    if word == "auto":
+        return "cuda" if has_cuda else "mps" if has_mps else "cpu"
+    if word == "gpu":
+        if has_cuda or has_mps:
+            return "cuda" if has_cuda else "mps"
+        raise RuntimeError(
+            f"accelerator='gpu' was asked for, but this machine has no GPU that torch can use: {why_no_cuda()}, "
+            "and there is no Apple MPS device. Use accelerator='cpu' (or 'auto'), or run on a machine with a GPU "
+            "and a CUDA build of torch."
+        )
+    if word == "cuda" and not has_cuda:
+        raise RuntimeError(f"accelerator='cuda' was asked for, but {why_no_cuda()}. Use accelerator='cpu' or 'auto'.")
+    if word == "mps" and not has_mps:
+        raise RuntimeError(
+            "accelerator='mps' was asked for, but no Apple MPS device is available; use 'cpu' or 'auto'."
+        )
+    return word
+
+
+def is_interactive() -> bool:
+    """True in a Jupyter kernel or a Python prompt (where Lightning's devices='auto' means one device)."""
+    if hasattr(sys, "ps1") or bool(getattr(sys.flags, "interactive", False)):
+        return True
+    return "ipykernel" in sys.modules
+
+
+def num_devices_available(device_type: str) -> int:
+    """How many devices of this type there are to choose from (CUDA: counted without initialising it)."""
+    if device_type == "cuda":
+        return cuda_device_count()
+    if device_type == "cpu":
+        return os.cpu_count() or 1
+    return 1
+
+
+def choose_devices(devices: DevicesArg, device_type: str, interactive: Optional[bool] = None) -> list[int]:
+    """The device indices a run uses: :func:`~kerastorch.devices.words.parse_devices` with what this machine has.
+
+    On the CPU and on MPS, ``"auto"`` is one device (as in Lightning). A CPU "device" is
+    one process, so a count larger than the number of cores is allowed (it runs, slowly);
+    ``-1`` on the CPU is one process per core. CUDA indices are relative to
+    ``CUDA_VISIBLE_DEVICES``; :func:`~kerastorch.devices.cuda.cuda_visible_devices` turns
+    them into the value a child process needs to see exactly these devices.
+    """
+    if interactive is None:
+        interactive = is_interactive()
+    if is_auto(devices) and device_type != "cuda":
+        devices = 1
+    num_available = num_devices_available(device_type)
+    if device_type == "cpu":
+        num_available = max(num_available, count_asked(devices))
+    kind = {"cuda": "CUDA device", "mps": "MPS device", "cpu": "CPU process"}.get(device_type, "device")
+    return parse_devices(devices, num_available, interactive=interactive, kind=kind)
+
+
+def launched_by_distributed_runner() -> bool:
+    """True when this process is one rank of a job started by torchrun or accelerate launch."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+__all__ = ["Plan", "choose_devices", "make_plan", "parse_accelerator"]

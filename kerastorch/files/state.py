@@ -1,0 +1,90 @@
+"""Training-state files: written atomically, read without ever running code from the file.
+
+A training state is a nest of dicts, lists and tuples whose leaves are tensors, numbers
+and strings. It is written with ``torch.save`` (to a temporary file that is fsynced and
+renamed, see :func:`~kerastorch.files.weights.atomic_write`) and read with
+``torch.load(weights_only=True)``, which rebuilds only such plain values and refuses
+any pickled object that would call a function, so a crafted file cannot run code.
+
+Anything else in the state (a lambda in a scheduler, a custom object in a callback's
+``state_dict``) is refused when it is *written*, naming where it sits, so a state that
+could not be read back safely is never left on disk.
+
+Example::
+
+    save_state_file({"epoch": 3, "weights": net.state_dict()}, "run.state")
+    state = load_state_file("run.state")
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from .atomic import atomic_write
+from .weights import load_plain
+
+_PLAIN_LEAVES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
+
+
+def to_plain(obj: Any, where: str = "state") -> Any:
+    """A copy of ``obj`` made only of values that ``torch.load(weights_only=True)`` reads back.
+
+    Tensors are detached and moved to the CPU; numpy scalars become python numbers.
+    Anything else raises a ``TypeError`` that names its place, e.g. ``state['lr_scheduler']['lr_lambdas'][0]``.
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if type(obj) in _PLAIN_LEAVES:
+        return obj
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if type(obj) in (dict, collections.OrderedDict):
+        plain = type(obj)()
+        for key, value in obj.items():
+            if type(key) not in (str, int):
+                raise TypeError(
+                    f"{where} has the key {key!r} (a {type(key).__name__}); a training state's keys must "
+                    "be strings or ints."
+                )
+            plain[key] = to_plain(value, f"{where}[{key!r}]")
+        return plain
+    if type(obj) in (list, tuple):
+        return type(obj)(to_plain(value, f"{where}[{i}]") for i, value in enumerate(obj))
+    raise TypeError(
+        f"{where} is a {type(obj).__name__}, which a training state cannot hold: it could only be read back by "
+        "running code stored in the file. A state_dict() should return tensors, numbers, strings and "
+        "dicts/lists of them (for a LambdaLR, use a plain function rather than a lambda or a callable object)."
+    )
+
+
+def save_state_file(state: dict, path: str | os.PathLike) -> None:
+    """Write ``state`` to ``path`` atomically: a kill leaves the old file or the new one, never half of one."""
+    plain = to_plain(state)
+    atomic_write(path, lambda tmp: torch.save(plain, tmp))
+
+
+def load_state_file(path: str | os.PathLike) -> dict:
+    """Read a file written by :func:`save_state_file`, executing nothing stored in it."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"No training state at {path!r}.")
+    state = load_plain(
+        path,
+        "{path!r} could not be read as a training state, so it was not loaded (only plain "
+        "tensors and numbers are read, never code stored in the file): {reason}. If the file "
+        "is damaged or not yours, delete it to start fresh, or pass resume=False.",
+    )
+    if not isinstance(state, dict):
+        raise ValueError(
+            f"{path!r} holds a {type(state).__name__}, not a training state. Delete it to start fresh, "
+            "or pass resume=False."
+        )
+    return state
+
+
+__all__ = ["load_state_file", "save_state_file", "to_plain"]

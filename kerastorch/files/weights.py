@@ -1,0 +1,145 @@
+"""Weight files: written atomically, read without ever running code from the file.
+
+Weights are stored with safetensors, or in torch's own format (a plain dict of tensors)
+when the path ends in ``.pt``, ``.pth``, ``.ckpt`` or ``.bin`` or has no extension, as
+programs that reload it with ``torch.load`` expect. A file is first written next to its target under
+a temporary name, flushed to disk, then renamed over the target, so a crash or a kill
+leaves either the old file or the new one, never half of one. Reading accepts
+safetensors files and, for files made with ``torch.save(net.state_dict())``,
+``torch.load(weights_only=True)``, which refuses pickled code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Optional
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .atomic import atomic_write
+
+SAFETENSORS_MAGIC_MAX = 100_000_000  # a safetensors header length is far below this
+
+
+# Paths that name torch's own format: programs reload them with net.load_state_dict(torch.load(path)).
+TORCH_FORMAT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
+
+
+def writes_torch_format(path: str | os.PathLike) -> bool:
+    """True for ``.pt`` / ``.pth`` / ``.ckpt`` / ``.bin`` or no extension; safetensors otherwise.
+
+    >>> writes_torch_format("checkpoint.pt"), writes_torch_format("checkpoint"), writes_torch_format("w.safetensors")
+    (True, True, False)
+    """
+    suffix = os.path.splitext(os.fspath(path))[1].lower()
+    return suffix in TORCH_FORMAT_SUFFIXES or suffix == ""
+
+
+def save_weights(state_dict: dict[str, torch.Tensor], path: str | os.PathLike) -> None:
+    """Write a state dict atomically: torch's format (a plain dict of tensors, which
+    ``torch.load(path, weights_only=True)`` reads) for ``.pt`` / ``.pth`` / ``.ckpt`` / ``.bin``
+    or no extension, safetensors for anything else (``.safetensors``)."""
+    # safetensors refuses tensors that share memory (tied weights); separate copies load back the same.
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
+    if writes_torch_format(path):
+        atomic_write(path, lambda tmp: torch.save(tensors, tmp))
+    else:
+        atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt", "writer": "kerastorch"}))
+
+
+def _is_safetensors(path: str) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if len(head) < 9:
+        return False
+    header_len = int.from_bytes(head[:8], "little")
+    return 0 < header_len < SAFETENSORS_MAGIC_MAX and head[8:9] == b"{"
+
+
+def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Read a weights file without executing anything stored in it."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"No checkpoint at {path!r}. Check the path, or train with fit(..., ckpt_path={path!r}) first."
+        )
+    if _is_safetensors(path):
+        return load_file(path)
+    state = load_plain(
+        path,
+        "{path!r} is neither a safetensors file nor a plain torch state dict that loads with "
+        "weights_only=True, so it was not loaded (loading it could run code stored in it): "
+        "{reason}.",
+    )
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path!r} does not hold a state dict of tensors; save one with model.save_ckpt(path).")
+    return state
+
+
+def load_plain(path: str, refusal: str) -> Any:
+    """``torch.load(weights_only=True)``: only plain tensors, numbers and containers are rebuilt,
+    never code stored in the file. A refusal raises ``ValueError(refusal.format(path=, reason=))``
+    with torch's long message cut to the one reason that matters."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise ValueError(refusal.format(path=path, reason=_refusal_reason(error))) from None
+
+
+def _refusal_reason(error: Exception) -> str:
+    """The line of torch's long weights_only message that says what was refused."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if "GLOBAL" in line or "Unsupported" in line:
+            return f"it holds something other than plain values ({line.rstrip('.')})"
+    if lines and lines[0].startswith("Weights only load failed"):
+        return "it holds something other than plain tensors and numbers"
+    return lines[0].split(". ")[0].rstrip(".") if lines else f"{type(error).__name__} (is the file empty or cut short?)"
+
+
+def check_writable(ckpt_path) -> None:
+    if not isinstance(ckpt_path, (str, os.PathLike)):
+        raise TypeError(
+            f"ckpt_path={ckpt_path!r} must be a file path (a str or pathlib.Path) like 'runs/best.safetensors'."
+        )
+    path = os.path.abspath(os.fspath(ckpt_path))
+    if os.path.isdir(path):
+        raise ValueError(
+            f"ckpt_path={os.fspath(ckpt_path)!r} is a folder; give a file path like 'checkpoint.safetensors'."
+        )
+    folder = os.path.dirname(path)
+    probe = None
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = os.path.join(folder, f".kerastorch-write-test-{os.getpid()}")
+        with open(probe, "wb") as f:
+            f.write(b"")
+    except OSError as error:
+        blocker = _file_in_the_way(folder)
+        why = (
+            f"{blocker!r} is a file, so it cannot hold a folder"
+            if blocker
+            else f"its folder {folder!r} cannot be written ({error.strerror})"
+        )
+        raise ValueError(
+            f"ckpt_path={os.fspath(ckpt_path)!r} cannot be written: {why}. Choose a path in a folder you "
+            "can write to, e.g. ckpt_path='runs/best.safetensors'."
+        ) from None
+    finally:
+        if probe is not None:
+            with contextlib.suppress(OSError):
+                os.remove(probe)
+
+
+def _file_in_the_way(folder: str) -> Optional[str]:
+    """The nearest existing ancestor of ``folder``, if it is a file rather than a folder."""
+    while folder and not os.path.exists(folder):
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
+    return folder if os.path.isfile(folder) else None

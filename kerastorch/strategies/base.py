@@ -1,0 +1,107 @@
+"""The one protocol every strategy follows: what a run asks of the way its processes share the work.
+
+A :class:`Strategy` answers every question whose answer differs between strategies, so that
+nothing outside ``kerastorch/strategies/`` asks which strategy runs:
+
+- :meth:`~Strategy.check`: refuse, before anything runs, a model this strategy cannot train;
+- :meth:`~Strategy.runtime_for`: adjust the runtime to the net (a model-parallel net's devices);
+- :meth:`~Strategy.training`: the net, optimizer and loaders as this process trains them (DDP's
+  wrapper, FSDP's shards, each process's share of the data), given back whole at the end;
+- :meth:`~Strategy.no_sync` and :meth:`~Strategy.finish_accumulation`: the gradient exchange
+  around accumulation groups;
+- :meth:`~Strategy.whole_weights`, :meth:`~Strategy.load_whole_weights` and their optimizer
+  counterparts: whole tensors for checkpoints and the training state, whatever is sharded.
+
+The defaults are those of one process holding the whole net.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ClassVar, Iterator, Optional
+
+import torch
+from torch import nn
+
+
+class Strategy:
+    """How a run's processes share the net, the data and the updates (the defaults: one process)."""
+
+    #: The word ``fit(strategy=...)`` takes for it, and what fit's first line calls it.
+    name: ClassVar[str] = ""
+    #: True when k processes train together (each runs this same code as one rank).
+    several_processes: ClassVar[bool] = False
+    #: False for a net whose pieces the user placed on several devices: placement leaves them there.
+    moves_net: ClassVar[bool] = True
+    #: True when gathering whole weights is a collective: every process must take part, at the same point.
+    gathers_together: ClassVar[bool] = False
+    #: Why a step that fit does not drive itself (a program's own step class) cannot run, or None.
+    foreign_step_refusal: ClassVar[Optional[str]] = None
+
+    def check(self, model: Any) -> None:
+        """Refuse, before anything runs, a model this strategy cannot train (nothing to refuse by default)."""
+
+    def runtime_for(self, runtime: Any, model: Any, data: Any) -> Any:
+        """The runtime adjusted to the net (the same one by default)."""
+        return runtime
+
+    @contextlib.contextmanager
+    def training(
+        self, model: Any, runtime: Any, train_data: Any, val_data: Any, even_validation: bool = False
+    ) -> Iterator[tuple[Any, Any]]:
+        """Yield ``(train_loader, val_loader)`` for this process, with ``model.net`` (and the
+        optimizer) as this strategy trains them; both are the user's objects again afterwards.
+
+        ``even_validation`` gives every process as many validation batches (for a step that
+        gathers over the processes at every batch)."""
+        yield train_data, val_data
+
+    def no_sync(self, net: nn.Module) -> contextlib.AbstractContextManager:
+        """The context of a batch whose gradients wait for the end of its accumulation group."""
+        return contextlib.nullcontext()
+
+    def finish_accumulation(self, net: nn.Module, runtime: Any) -> None:
+        """A group whose batches all ran under :meth:`no_sync`: exchange its gradients now."""
+
+    def whole_weights(self, net: nn.Module) -> dict[str, torch.Tensor]:
+        """The net's whole weights in host memory, under the net's own keys."""
+        return cpu_state_dict(net)
+
+    def load_whole_weights(self, net: nn.Module, state: dict[str, torch.Tensor]) -> None:
+        """Load whole weights (as :meth:`whole_weights` gives them) into the net."""
+        unwrap(net).load_state_dict(state)
+
+    def whole_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        """The optimizer's ``state_dict()`` with whole tensors."""
+        return optimizer.state_dict()
+
+    def load_whole_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        """Load a whole optimizer state (as :meth:`whole_optimizer_state` gives it)."""
+        optimizer.load_state_dict(state)
+
+    def engine(self, runtime: Any) -> str:
+        """What fit's first line says trains the processes (e.g. ``"DDP"``)."""
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def unwrap(net: nn.Module) -> nn.Module:
+    """The bare module inside DataParallel / DistributedDataParallel / torch.compile wrappers."""
+    while True:
+        if isinstance(net, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            net = net.module
+        elif hasattr(net, "_orig_mod") and isinstance(net._orig_mod, nn.Module):
+            net = net._orig_mod
+        else:
+            return net
+
+
+def cpu_state_dict(net: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the bare net's weights in host memory (keys without ``module.``): the whole
+    weights of a net each process holds whole."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in unwrap(net).state_dict().items()}
+
+
+__all__ = ["Strategy", "cpu_state_dict", "unwrap"]

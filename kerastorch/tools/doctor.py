@@ -1,0 +1,544 @@
+"""``model.doctor(...)``: the mistakes a training loop can see in seconds, said in plain words.
+
+A fixed list of checks runs on a few batches and returns a :class:`Diagnosis` of
+:class:`Finding` objects (``check``, ``severity`` "error" / "warning" / "info", ``message``
+with what was seen, ``fix`` with what to type instead). The checks that train — one batch
+overfitted for a few dozen steps, the first steps at the optimizer's rate — run inside
+:func:`~kerastorch.tools.snapshot.training_snapshot`, so afterwards the weights, buffers, optimizer,
+scheduler and every RNG are exactly as before: ``doctor`` changes nothing.
+
+Example::
+
+    report = model.doctor(dl_train, dl_val)
+    print(report)          # errors first; in Jupyter a small table
+    report.errors          # [] on a healthy setup
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import html
+import math
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, SequentialSampler
+
+from ..callbacks.callback_list import CallbackList
+from ..checks.first_batch import broadcast_mismatch
+from ..data.batches import split_batch, split_sample_weight
+from ..data.forms import FitData, prepare_data
+from ..data.loaders import training_labels
+from ..data.peek import rng_untouched
+from ..devices.runtime import Runtime, runtime_for_net
+from ..settings import DataSettings, StepSettings
+from ..training.modes import eval_mode, train_mode
+from ..training.protocols import TrainableModel
+from ..training.step import FitStep
+from .snapshot import training_snapshot
+
+SEVERITIES = ("error", "warning", "info")
+CLASSIFICATION_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss)
+LOGIT_LOSSES = (nn.CrossEntropyLoss, nn.BCEWithLogitsLoss)
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One thing the doctor saw: which ``check``, how bad (``severity``), what (``message``), and the ``fix``."""
+
+    check: str
+    severity: str
+    message: str
+    fix: str = ""
+
+
+@dataclasses.dataclass
+class Diagnosis:
+    """The findings of :func:`doctor`, in the checks' order; printing shows errors first."""
+
+    findings: list[Finding]
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "warning"]
+
+    @property
+    def ok(self) -> bool:
+        """No error: training can start."""
+        return not self.errors
+
+    def by_severity(self) -> list[Finding]:
+        return sorted(self.findings, key=lambda f: SEVERITIES.index(f.severity))
+
+    def __str__(self) -> str:
+        if not self.findings:
+            return "doctor: no problems found."
+        lines = [f"doctor: {len(self.errors)} error(s), {len(self.warnings)} warning(s)"]
+        for finding in self.by_severity():
+            lines.append(f"[{finding.severity}] {finding.check}: {finding.message}")
+            if finding.fix:
+                lines.append(f"    fix: {finding.fix}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td>{html.escape(f.severity)}</td><td><code>{html.escape(f.check)}</code></td>"
+            f"<td>{html.escape(f.message)}</td><td><code>{html.escape(f.fix)}</code></td></tr>"
+            for f in self.by_severity()
+        )
+        head = "<tr><th>severity</th><th>check</th><th>what was seen</th><th>what to do</th></tr>"
+        return f"<table>{head}{rows}</table>" if rows else "<p>doctor: no problems found.</p>"
+
+
+class DoctorError(ValueError):
+    """``fit(doctor=True)`` found an error: training did not start."""
+
+
+@dataclasses.dataclass
+class Patient:
+    """What the checks look at: the model, a few batches of each set, the run's device."""
+
+    model: TrainableModel
+    runtime: Runtime
+    train_loader: Any
+    val_loader: Any
+    train_batches: list
+    val_batches: list
+    max_compared: int
+    overfit_steps: int
+
+
+def doctor(
+    model: TrainableModel,
+    data: FitData,
+    data_settings: Optional[DataSettings] = None,
+    num_batches: int = 4,
+    max_compared: int = 2000,
+    overfit_steps: int = 60,
+) -> Diagnosis:
+    """Run every check (see the module docstring) and return the :class:`Diagnosis`; nothing is changed."""
+    settings = data_settings or DataSettings()
+    train_loader, val_loader = prepare_data(
+        data, settings.batch_size, settings.shuffle, settings.validation_split, keep_float64=False, pin_memory=False
+    )
+    patient = Patient(
+        model,
+        runtime_for_net(model.net),
+        train_loader,
+        val_loader,
+        _first_batches(train_loader, num_batches),
+        _first_batches(val_loader, num_batches),
+        max_compared,
+        overfit_steps,
+    )
+    findings: list[Finding] = []
+    loaders = [loader for loader in (train_loader, val_loader) if loader is not None]
+    for name, check in CHECKS:
+        # Each check starts from the model as it was, and leaves it so (some of them train).
+        with training_snapshot(model, loaders):
+            try:
+                findings.extend(check(patient))
+            except Exception as error:  # a check that cannot run says so; the report always comes back
+                findings.append(
+                    Finding(
+                        name,
+                        "warning",
+                        f"the check could not run: {type(error).__name__}: {error}",
+                        "Run fit once to see the full error, or look at this part of the setup.",
+                    )
+                )
+    return Diagnosis(findings)
+
+
+def check_before_fit(model: TrainableModel, train_loader: Any, val_loader: Any) -> Diagnosis:
+    """``fit(doctor=True)``: print the report when there are errors or warnings; raise :class:`DoctorError` on an error."""
+    report = doctor(model, FitData(train_loader, val_loader))
+    if report.errors or report.warnings:
+        model.print(str(report))
+    if not report.ok:
+        raise DoctorError(
+            f"{report}\n\nTraining did not start. Fix the errors above, or pass doctor=False to train anyway."
+        )
+    return report
+
+
+# -- what the checks share -------------------------------------------------------------------------
+
+
+def _first_batches(loader: Any, count: int) -> list:
+    if loader is None:
+        return []
+    batches = []
+    with rng_untouched(loader):
+        for batch in loader:
+            batches.append(batch)
+            if len(batches) == count:
+                break
+    return batches
+
+
+def _parts(batch: Any) -> tuple[tuple, dict, Any]:
+    return split_batch(split_sample_weight(batch)[0])
+
+
+def _inputs_tensor(batch: Any) -> Optional[torch.Tensor]:
+    args, kwargs, _ = _parts(batch)
+    tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+    return tensors[0] if tensors else None
+
+
+def _outputs_and_labels(patient: Patient, batch: Any) -> tuple[Any, Any]:
+    model, runtime = patient.model, patient.runtime
+    args, kwargs, labels = _parts(runtime.to_device(batch))
+    with eval_mode(model.net), torch.no_grad():
+        return model.net(*args, **kwargs), labels
+
+
+def _loss_name(loss_fn: Any) -> str:
+    return type(loss_fn).__name__
+
+
+def _train_steps(patient: Patient, batches: Callable[[int], Any], steps: int) -> list[float]:
+    """Losses of ``steps`` training steps, each fit's own step (the model's ``train_step``)."""
+    model, runtime = patient.model, patient.runtime
+    fit_step = FitStep(model, runtime, StepSettings(), CallbackList([], model, {}))
+    model.fit_step = fit_step  # what model.backward / model.optimizer_step use inside train_step
+    losses: list[float] = []
+    try:
+        with train_mode(model.net):
+            fit_step.start_epoch(None)
+            for step in range(steps):
+                loss, _, _ = fit_step.run(0, runtime.to_device(batches(step)))
+                losses.append(float(loss.detach()))
+                if not math.isfinite(losses[-1]):
+                    break
+    finally:
+        model.fit_step = None
+    return losses
+
+
+# -- the checks, in the order they run ---------------------------------------------------------
+
+
+def labels_in_range(patient: Patient) -> list[Finding]:
+    loss_fn = patient.model.loss_fn
+    preds, labels = _outputs_and_labels(patient, patient.train_batches[0])
+    if not isinstance(preds, torch.Tensor) or not isinstance(labels, torch.Tensor):
+        return []
+    if isinstance(loss_fn, CLASSIFICATION_LOSSES) and preds.dim() >= 2 and labels.dim() == preds.dim() - 1:
+        classes = preds.shape[1]
+        every = torch.cat([_parts(b)[2].reshape(-1) for b in patient.train_batches])
+        outside = every[(every < 0) | (every >= classes)]
+        if outside.numel():
+            return [
+                Finding(
+                    "labels_in_range",
+                    "error",
+                    f"{outside.numel()} of {every.numel()} labels looked at lie outside [0, {classes}): e.g. "
+                    f"{sorted(set(outside.tolist()))[:5]}, but the net has {classes} outputs.",
+                    f"Give the last layer one output per class (nn.Linear(..., {int(every.max()) + 1})), or "
+                    "number the classes from 0 (y = y - y.min()).",
+                )
+            ]
+    mismatch = broadcast_mismatch(loss_fn, preds, labels)
+    if mismatch:
+        problem, fix = mismatch.split(" Make the shapes equal: ")
+        return [Finding("labels_in_range", "error", problem, "Make the shapes equal: " + fix)]
+    if isinstance(loss_fn, (nn.BCEWithLogitsLoss, nn.BCELoss)) and not labels.is_floating_point():
+        return [
+            Finding(
+                "labels_in_range",
+                "error",
+                f"{_loss_name(loss_fn)} gets integer labels ({str(labels.dtype).replace('torch.', '')}); it "
+                "needs float targets in [0, 1] with the outputs' shape.",
+                "y = y.float() (and y.reshape(-1, 1) for a net with one output).",
+            )
+        ]
+    return []
+
+
+def logits_not_probabilities(patient: Patient) -> list[Finding]:
+    loss_fn = patient.model.loss_fn
+    preds, _ = _outputs_and_labels(patient, patient.train_batches[0])
+    if not isinstance(preds, torch.Tensor) or not preds.is_floating_point():
+        return []
+    in_unit = bool((preds >= 0).all() and (preds <= 1).all())
+    if isinstance(loss_fn, nn.CrossEntropyLoss) and preds.dim() >= 2 and in_unit:
+        sums = preds.sum(dim=1)
+        if torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
+            return [
+                Finding(
+                    "logits_not_probabilities",
+                    "error",
+                    "The outputs already sum to 1 over the classes (a softmax), but CrossEntropyLoss applies its "
+                    "own log-softmax: the gradients almost vanish and the net learns very slowly.",
+                    "Remove the final nn.Softmax / softmax from the net: CrossEntropyLoss wants raw scores "
+                    "(logits). Apply softmax yourself after predict for probabilities.",
+                )
+            ]
+    if isinstance(loss_fn, nn.BCEWithLogitsLoss) and in_unit and preds.numel() > 1 and preds.std() < 0.5:
+        return [
+            Finding(
+                "logits_not_probabilities",
+                "warning",
+                "Every output lies in [0, 1], as after a sigmoid, but BCEWithLogitsLoss applies its own sigmoid.",
+                "Remove the final nn.Sigmoid from the net (or use nn.BCELoss with it).",
+            )
+        ]
+    if isinstance(loss_fn, nn.BCELoss) and not in_unit:
+        return [
+            Finding(
+                "logits_not_probabilities",
+                "error",
+                f"BCELoss needs probabilities in [0, 1], but the outputs range from {float(preds.min()):.3g} to "
+                f"{float(preds.max()):.3g} (raw scores).",
+                "Use loss_fn=nn.BCEWithLogitsLoss(), which takes raw scores and is more stable.",
+            )
+        ]
+    return []
+
+
+def train_val_overlap(patient: Patient) -> list[Finding]:
+    if patient.val_loader is None:
+        return []
+    train_hashes = _sample_hashes(patient.train_loader, patient.max_compared)
+    val_hashes = _sample_hashes(patient.val_loader, patient.max_compared)
+    shared = train_hashes & val_hashes
+    if not shared:
+        return [
+            Finding(
+                "train_val_overlap",
+                "info",
+                f"No sample is in both sets ({len(train_hashes)} training and {len(val_hashes)} validation "
+                "samples compared).",
+            )
+        ]
+    return [
+        Finding(
+            "train_val_overlap",
+            "warning",
+            f"{len(shared)} of the {len(val_hashes)} validation samples compared are also in the training "
+            f"data ({len(train_hashes)} training samples compared): the validation scores are too good.",
+            "Split the data once, before building the loaders (fit(X, y, validation_split=0.2), or "
+            "torch.utils.data.random_split), and drop duplicates.",
+        )
+    ]
+
+
+def _sample_hashes(loader: Any, limit: int) -> set:
+    hashes: set = set()
+    with rng_untouched(loader):
+        for batch in loader:
+            inputs = _inputs_tensor(batch)
+            if inputs is None or inputs.dim() == 0:
+                return hashes
+            for row in inputs.detach().cpu().contiguous():
+                hashes.add(hashlib.blake2b(row.numpy().tobytes(), digest_size=16).digest())
+                if len(hashes) >= limit:
+                    return hashes
+    return hashes
+
+
+def inputs_normalized(patient: Patient) -> list[Finding]:
+    found = [_inputs_tensor(b) for b in patient.train_batches]
+    tensors = [t.float() for t in found if t is not None and t.is_floating_point()]
+    if not tensors:
+        return []
+    values = torch.cat([t.reshape(t.shape[0], -1) for t in tensors])
+    mean, std = float(values.mean()), float(values.std())
+    per_feature = values.std(dim=0)
+    if abs(mean) > 5 or std > 10:
+        return [
+            Finding(
+                "inputs_normalized",
+                "warning",
+                f"The input features have mean {mean:.3g} and standard deviation {std:.3g}; nets train best "
+                "on inputs of mean about 0 and standard deviation about 1.",
+                "Standardize with the training data's statistics: x = (x - mean) / std (e.g. "
+                "sklearn.preprocessing.StandardScaler fitted on the training set).",
+            )
+        ]
+    if values.shape[1] > 1 and float(per_feature.max()) > 50 * max(float(per_feature.median()), 1e-12):
+        return [
+            Finding(
+                "inputs_normalized",
+                "warning",
+                f"The features' scales differ a lot: standard deviations from {float(per_feature.min()):.3g} "
+                f"to {float(per_feature.max()):.3g}.",
+                "Standardize each feature (x - mean) / std, with the training data's statistics.",
+            )
+        ]
+    return []
+
+
+def class_balance(patient: Patient) -> list[Finding]:
+    if not isinstance(patient.model.loss_fn, CLASSIFICATION_LOSSES + (nn.BCEWithLogitsLoss, nn.BCELoss)):
+        return []
+    labels = training_labels(patient.train_loader)
+    if labels.numel() == 0:
+        return []
+    labels = labels.long() if labels.is_floating_point() else labels
+    counts = torch.bincount(labels.reshape(-1).clamp_min(0))
+    present = counts[counts > 0]
+    if present.numel() < 2:
+        return [
+            Finding(
+                "class_balance",
+                "warning",
+                f"The training labels hold a single class ({int(labels[0])}).",
+                "Check the labels: a classifier needs examples of every class.",
+            )
+        ]
+    rare, common = int(present.min()), int(present.max())
+    if rare < 0.1 * common:
+        rarest = int(torch.nonzero(counts == rare)[0])
+        return [
+            Finding(
+                "class_balance",
+                "warning",
+                f"Class {rarest} has {rare} training samples against {common} for the most common class: the net "
+                "can score well by ignoring it.",
+                "fit(..., class_weight='balanced'), or a WeightedRandomSampler, or collect more samples of it.",
+            )
+        ]
+    return []
+
+
+def shuffled(patient: Patient) -> list[Finding]:
+    loader = patient.train_loader
+    if not isinstance(loader, DataLoader) or not isinstance(loader.sampler, SequentialSampler):
+        return []
+    labels = torch.cat([torch.as_tensor(_parts(b)[2]).reshape(-1).float() for b in patient.train_batches])
+    if labels.numel() > 1 and bool((labels[1:] >= labels[:-1]).all()):
+        return [
+            Finding(
+                "shuffled",
+                "warning",
+                f"The training loader is not shuffled and its first {labels.numel()} labels come sorted: each "
+                "epoch the net sees one class after another and forgets the earlier ones.",
+                "DataLoader(dataset, batch_size=..., shuffle=True), or fit(X, y) which shuffles.",
+            )
+        ]
+    return []
+
+
+def overfits_one_batch(patient: Patient) -> list[Finding]:
+    batch = patient.train_batches[0]
+    losses = _train_steps(patient, lambda step: batch, patient.overfit_steps)
+    first, last = losses[0], min(losses)
+    if math.isfinite(last) and (last < 0.2 * first or last < 1e-2):
+        return []
+    return [
+        Finding(
+            "overfits_one_batch",
+            "warning",
+            f"Trained {len(losses)} steps on one batch, the loss went from {first:.4g} to {last:.4g} only: a net "
+            "that cannot learn one batch by heart will not learn the data set.",
+            "Check the learning rate (model.lr_find(...)), that the net is big enough, and that the labels "
+            "reach the loss as you expect.",
+        )
+    ]
+
+
+def all_parameters_learn(patient: Patient) -> list[Finding]:
+    model, runtime = patient.model, patient.runtime
+    model.net.train()
+    model.optimizer.zero_grad(set_to_none=True)
+    loss, _, _ = model.forward_batch(runtime.to_device(patient.train_batches[0]))
+    loss.backward()
+    frozen, silent = [], []
+    for name, param in model.net.named_parameters():
+        if not param.requires_grad:
+            frozen.append(name)
+        elif param.grad is None or not bool(param.grad.abs().sum() > 0):
+            silent.append(name)
+    model.optimizer.zero_grad(set_to_none=True)
+    findings = []
+    if silent:
+        findings.append(
+            Finding(
+                "all_parameters_learn",
+                "warning",
+                f"{len(silent)} parameter(s) got no gradient from the loss: {', '.join(silent[:5])}"
+                f"{' ...' if len(silent) > 5 else ''}. They never learn.",
+                "Use these layers in forward (or remove them); a layer defined but never called, or "
+                "a .detach() / torch.no_grad() in forward, cuts them off.",
+            )
+        )
+    if frozen:
+        findings.append(
+            Finding(
+                "all_parameters_learn",
+                "info",
+                f"{len(frozen)} parameter(s) are frozen (requires_grad=False): {', '.join(frozen[:5])}"
+                f"{' ...' if len(frozen) > 5 else ''}.",
+                "Fine if on purpose (fine-tuning).",
+            )
+        )
+    return findings
+
+
+def finite_inputs(patient: Patient) -> list[Finding]:
+    findings = []
+    for which, batches in (("training", patient.train_batches), ("validation", patient.val_batches)):
+        for batch in batches:
+            args, kwargs, labels = _parts(batch)
+            for part, tensor in [("inputs", t) for t in (*args, *kwargs.values())] + [("labels", labels)]:
+                if (
+                    isinstance(tensor, torch.Tensor)
+                    and tensor.is_floating_point()
+                    and not bool(torch.isfinite(tensor).all())
+                ):
+                    bad = int((~torch.isfinite(tensor)).sum())
+                    findings.append(
+                        Finding(
+                            "finite_inputs",
+                            "error",
+                            f"The {which} {part} hold {bad} NaN or infinite value(s) in the first "
+                            "batches looked at: the loss will become NaN.",
+                            "Fill or drop missing values before training (e.g. df.fillna(...) or "
+                            "df.dropna()), and look for divisions by zero in the preprocessing.",
+                        )
+                    )
+                    return findings
+    return findings
+
+
+def learning_rate(patient: Patient) -> list[Finding]:
+    batches = patient.train_batches
+    losses = _train_steps(patient, lambda step: batches[step % len(batches)], 8)
+    lr = patient.model.optimizer.param_groups[0]["lr"]
+    if not math.isfinite(losses[-1]) or (len(losses) > 2 and min(losses[2:]) > 1.5 * losses[0]):
+        return [
+            Finding(
+                "learning_rate",
+                "error",
+                f"At the optimizer's learning rate {lr:g} the loss rises at once: {losses[0]:.4g} -> "
+                f"{losses[-1]:.4g} over {len(losses)} steps.",
+                "Lower the learning rate (try model.lr_find(train_data) for a suggestion), or clip "
+                "gradients: fit(..., gradient_clip_val=1.0).",
+            )
+        ]
+    return []
+
+
+CHECKS: list[tuple[str, Callable[[Patient], list[Finding]]]] = [
+    ("labels_in_range", labels_in_range),
+    ("logits_not_probabilities", logits_not_probabilities),
+    ("train_val_overlap", train_val_overlap),
+    ("inputs_normalized", inputs_normalized),
+    ("class_balance", class_balance),
+    ("shuffled", shuffled),
+    ("overfits_one_batch", overfits_one_batch),
+    ("all_parameters_learn", all_parameters_learn),
+    ("finite_inputs", finite_inputs),
+    ("learning_rate", learning_rate),
+]
+
+__all__ = ["CHECKS", "Diagnosis", "DoctorError", "Finding", "check_before_fit", "doctor"]

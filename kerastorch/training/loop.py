@@ -1,0 +1,170 @@
+"""The epoch loop: train an epoch, validate, tell the callbacks, repeat.
+
+Nothing here asks the device for a number: losses and metrics go into
+:class:`~kerastorch.training.meters.EpochMeters`, which turns them into floats once per epoch
+(and when the progress bar redraws). What happens inside a training step — backward,
+accumulation, the optimizer step and its hooks — is :mod:`kerastorch.training.step`'s.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from ..callbacks.callback_list import CallbackList
+from ..data.batches import batch_size_of, concatenate_batches, detach, split_sample_weight, to_host
+from ..data.peek import num_batches
+from ..devices.runtime import Runtime
+from .meters import EpochMeters, StepLogs
+from .modes import eval_mode
+from .protocols import Epochs, TrainableModel
+from .step import FitStep
+
+
+def fit_loop(
+    model: TrainableModel,
+    stages: Epochs,
+    train_loader: Any,
+    val_loader: Optional[Any],
+    runtime: Runtime,
+    callbacks: CallbackList,
+    epochs: int,
+    history: list[dict],
+    first_epoch: int = 1,
+    validation_freq: int = 1,
+) -> None:
+    """Run epochs ``first_epoch..epochs``, appending one row per epoch to ``history``.
+
+    ``stages`` trains and validates an epoch: fit's own (:class:`FitEpochs`), or a torchkeras
+    program's StepRunner (:class:`~kerastorch.compat.runners.RunnerEpochs`).
+    Validation runs every ``validation_freq`` epochs (Keras's rule: epochs n, 2n, ...); the
+    logs of the other epochs have no ``val_*`` values, so the callbacks that watch one skip them.
+    """
+    for epoch in range(first_epoch, epochs + 1):
+        callbacks.call("on_epoch_begin", epoch, {})
+        lr = current_lr(model.optimizer)
+        train_logs = stages.train(train_loader)
+        validate = val_loader is not None and epoch % validation_freq == 0
+        val_logs = stages.validate(val_loader) if validate else {}
+        logs = {"epoch": epoch, **train_logs, "lr": lr, **val_logs}
+        stages.end_epoch(logs)  # before the row joins the history: a failure here keeps the epoch out of it
+        history.append(logs)
+        runtime.wait_for_everyone()  # with several processes, files are written after a barrier
+        callbacks.call("on_epoch_end", epoch, logs)
+        model.stop_training = runtime.any_process(model.stop_training)  # all processes stop together
+        if model.stop_training:
+            break
+
+
+class FitEpochs:
+    """fit's own epochs: :func:`train_epoch` with fit's step, :func:`evaluate_epoch`, and the
+    scheduler stepped once per epoch unless it steps per batch."""
+
+    def __init__(
+        self,
+        model: TrainableModel,
+        runtime: Runtime,
+        callbacks: CallbackList,
+        meters: dict[str, EpochMeters],
+        steps: FitStep,
+    ):
+        self.model, self.runtime, self.callbacks, self.meters, self.steps = model, runtime, callbacks, meters, steps
+
+    def train(self, loader: Any) -> dict[str, float]:
+        return train_epoch(self.model, loader, self.runtime, self.meters["train"], self.callbacks, self.steps)
+
+    def validate(self, loader: Any) -> dict[str, float]:
+        return evaluate_epoch(self.model, loader, self.runtime, self.meters["val"], self.callbacks)
+
+    def end_epoch(self, logs: dict) -> None:
+        scheduler, settings = self.model.lr_scheduler, self.steps.settings
+        if scheduler is not None and settings.scheduler_interval == "epoch":
+            step_epoch_scheduler(scheduler, logs, settings.monitor)
+
+
+def train_epoch(
+    model: TrainableModel,
+    loader: Any,
+    runtime: Runtime,
+    meters: EpochMeters,
+    callbacks: CallbackList,
+    steps: FitStep,
+) -> dict[str, float]:
+    model.net.train()
+    meters.reset()
+    on_begin, on_end = callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end")
+    steps.start_epoch(num_batches(loader))
+    weighted = bool(meters.weighted)  # weighted_metrics read each batch's sample weights
+    for batch_index, batch in enumerate(loader):
+        if on_begin:
+            callbacks.call("on_train_batch_begin", batch_index, {})
+        batch = runtime.to_device(batch)
+        loss, preds, labels = steps.run(batch_index, batch)
+        weight = split_sample_weight(batch)[1] if weighted else None
+        meters.update(loss, detach(preds), labels, batch_size_of(labels, preds), weight)
+        if on_end:
+            callbacks.call("on_train_batch_end", batch_index, StepLogs(meters))
+        if model.stop_training:  # set by a batch hook: stop after this batch, as Keras does
+            break
+    steps.end_epoch()
+    if meters.count == 0:
+        raise ValueError(
+            "train_data produced no batches this epoch. Check that the dataset is not empty and drop_last "
+            "does not drop the only batch."
+        )
+    return meters.read()
+
+
+@torch.no_grad()
+def evaluate_epoch(
+    model: TrainableModel, loader: Any, runtime: Runtime, meters: EpochMeters, callbacks: CallbackList
+) -> dict[str, float]:
+    with eval_mode(model.net):  # also after Ctrl-C or an error, the net goes back to the mode it was in
+        meters.reset()
+        callbacks.call("on_test_begin", {})
+        on_begin, on_end = callbacks.wants("on_test_batch_begin"), callbacks.wants("on_test_batch_end")
+        for batch_index, batch in enumerate(loader):
+            if on_begin:
+                callbacks.call("on_test_batch_begin", batch_index, {})
+            batch = runtime.to_device(batch)
+            with runtime.autocast():
+                loss, preds, labels = model.forward_batch(batch)
+            weight = split_sample_weight(batch)[1] if meters.weighted else None
+            meters.update(loss, preds, labels, batch_size_of(labels, preds), weight)
+            if on_end:
+                callbacks.call("on_test_batch_end", batch_index, StepLogs(meters))
+        if meters.count == 0 and runtime.num_processes == 1:  # a process may get no share of a short loader
+            raise ValueError("The validation data produced no batches. Pass a non-empty DataLoader or val_data=None.")
+        logs = meters.read()
+        callbacks.call("on_test_end", logs)
+    return logs
+
+
+@torch.no_grad()
+def predict_outputs(model: TrainableModel, loader: Any, runtime: Runtime) -> Any:
+    """The net's outputs for every batch, on the CPU, concatenated in data order."""
+    outputs = []
+    with eval_mode(model.net):
+        for batch in loader:
+            batch = runtime.to_device(batch)
+            with runtime.autocast():
+                outputs.append(to_host(model.predict_batch(batch)))
+    if not outputs:
+        raise ValueError("predict got no batches: the data is empty.")
+    return concatenate_batches(outputs)
+
+
+def step_epoch_scheduler(scheduler: Any, logs: dict, monitor: str) -> None:
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        if monitor in logs:  # not on an epoch that was not validated
+            scheduler.step(logs[monitor])
+    else:
+        scheduler.step()
+
+
+def current_lr(optimizer: torch.optim.Optimizer) -> float:
+    return float(optimizer.param_groups[0]["lr"])
+
+
+__all__ = ["FitEpochs", "evaluate_epoch", "fit_loop", "predict_outputs", "train_epoch"]

@@ -1,0 +1,362 @@
+"""One ``fit`` run: settings → plan → runtime → loop → history.
+
+:func:`fit` takes the settings the door made (:mod:`kerastorch.arguments`), makes the
+:class:`~kerastorch.devices.plan.Plan`, turns the data into loaders, checks the model, and runs
+the plan: in this process (:func:`fit_here`), or in k forked workers that each run
+:func:`fit_here` as one rank and hand the main one's results back
+(:func:`~kerastorch.devices.launch.run_in_workers`). The plan's strategy
+(:mod:`kerastorch.strategies`) prepares the net and the loaders for each process.
+
+fit's own behaviours — the NaN guard, the best weights, early stopping, the live plot,
+Weights & Biases, the training state and the progress bar — are callbacks, chosen
+from the settings in :func:`callbacks_for_fit`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+from typing import Any, Iterator, Optional
+
+import pandas as pd
+import torch
+
+from ..callbacks.best_weights import RestoreBestWeights
+from ..callbacks.callback_list import CallbackList
+from ..callbacks.early_stopping import EarlyStopping
+from ..callbacks.live_plot import LivePlot
+from ..callbacks.progress import ProgressBar
+from ..callbacks.terminate_on_nan import TerminateOnNaN
+from ..callbacks.training_state import TrainingState, resumed_history, training_state_path
+from ..callbacks.wandb_logger import WandbLogger
+from ..checks.first_batch import check_first_batch
+from ..checks.model import check_model_for_fit
+from ..compat.runners import ProgramRunners, RunnerEpochs, check_runner_monitor, program_runners, runner_columns
+from ..data.forms import FitData, prepare_data
+from ..data.loaders import per_process_training_data, training_labels
+from ..data.peek import num_batches
+from ..data.sample_weights import check_weighted_loss, class_weight_table
+from ..devices.launch import run_in_workers
+from ..devices.placement import place_parts
+from ..devices.plan import Plan, make_plan
+from ..devices.runtime import Runtime, build_runtime
+from ..settings import FitSettings
+from ..strategies import cpu_state_dict, unwrap
+from ..tools.doctor import check_before_fit
+from .compiling import compiled_net
+from .history import history_columns, history_frame
+from .loop import FitEpochs, fit_loop
+from .meters import EpochMeters
+from .parts import ModelParts
+from .protocols import Epochs, TrainableModel
+from .step import FitStep
+
+
+def fit(model: TrainableModel, data: FitData, settings: FitSettings, lr_schedule: Any = None) -> pd.DataFrame:
+    """Train ``model`` as ``settings`` say, wherever the plan says; return the history.
+
+    ``lr_schedule`` (``fit_one_cycle``'s) makes a scheduler sized to the optimizer steps one process
+    takes, stepped after each of them, for this run only."""
+    plan = make_plan(settings.devices, model.net)
+    plan.strategy.check(model)
+    train_data, val_data = prepare_data(
+        data,
+        settings.data.batch_size,
+        settings.data.shuffle,
+        settings.data.validation_split,
+        keep_float64=plan.precision == "64-true",
+        pin_memory=plan.device_type == "cuda",
+    )
+    check_model_for_fit(model, train_data, settings, sample_weight=data.sample_weight)
+    if settings.doctor:
+        check_before_fit(model, train_data, val_data)
+    class_weights = class_weights_for(model, train_data, data, settings)
+    with scheduled_for_this_run(model, lr_schedule, settings, plan, train_data) as settings:
+        if plan.where == "workers":
+            work = functools.partial(
+                _fit_as_worker, model, train_data, val_data, settings, plan.for_worker(), class_weights
+            )
+            return take_results(model, run_in_workers(plan, work))
+        return fit_here(model, train_data, val_data, settings, plan, class_weights)
+
+
+@contextlib.contextmanager
+def scheduled_for_this_run(
+    model: TrainableModel, lr_schedule: Any, settings: FitSettings, plan: Plan, train_loader: Any
+) -> Iterator[FitSettings]:
+    """The model's scheduler replaced by ``lr_schedule``'s for the run, stepped after every optimizer
+    step; the settings say so. Nothing changes without a schedule."""
+    if lr_schedule is None:
+        yield settings
+        return
+    steps = updates_per_epoch(train_loader, plan.num_processes, settings)
+    model.lr_scheduler = lr_schedule.scheduler(model.optimizer, total_steps=settings.epochs * steps)
+    model.lr_scheduler_interval = "step"
+    try:
+        yield dataclasses.replace(settings, step=dataclasses.replace(settings.step, scheduler_interval="step"))
+    finally:
+        model.lr_scheduler, model.lr_scheduler_interval = None, "epoch"
+
+
+def updates_per_epoch(train_loader: Any, num_processes: int, settings: FitSettings) -> int:
+    """How many optimizer steps one process takes in an epoch: its share of the batches (the
+    shares are padded to equal), over the accumulation steps."""
+    batches = settings.data.steps_per_epoch
+    if batches is None:
+        total = num_batches(train_loader)
+        if not total:
+            raise ValueError(
+                "fit_one_cycle plans its schedule from the number of batches in an epoch, and this training "
+                "data has no length: pass steps_per_epoch=..."
+            )
+        batches = math.ceil(total / num_processes)
+    return math.ceil(batches / settings.step.accumulation_steps)
+
+
+def class_weights_for(model: TrainableModel, train_data: Any, data: FitData, settings: FitSettings) -> Any:
+    """The class-weight table (or None), and a loss that can weight samples when weights are asked for."""
+    asked = [
+        word
+        for word, value in (("class_weight=", settings.data.class_weight), ("sample_weight=", data.sample_weight))
+        if value is not None
+    ]
+    if asked and type(model).forward_batch is ModelParts.forward_batch:
+        check_weighted_loss(model.loss_fn, " and ".join(asked))
+    if settings.data.class_weight is None:
+        return None
+    return class_weight_table(settings.data.class_weight, training_labels(train_data))
+
+
+def fit_here(
+    model: TrainableModel,
+    train_data: Any,
+    val_data: Optional[Any],
+    settings: FitSettings,
+    plan: Plan,
+    class_weights: Optional[torch.Tensor] = None,
+) -> pd.DataFrame:
+    """The run in this process: alone (``plan.where == "here"``) or as one rank of a job."""
+    runtime = plan.strategy.runtime_for(build_runtime(plan), model, train_data)
+    model.runtime = runtime
+    try:
+        place_parts(model, runtime)
+        runners = program_runners(model)  # a program's own step class, or None
+        checks_ride_on_first_step = False
+        columns: Optional[list[str]]
+        if runners is None:
+            checks_ride_on_first_step = check_first_batches(model, train_data, val_data, runtime)
+            columns = history_columns(settings.metric_names(model.metrics_dict), val_data is not None)
+        else:
+            columns = columns_of_runner(model, runners, train_data, val_data, runtime, settings)
+        # A program's runner gathers over the processes at every batch: they must all run as many.
+        sharing = runtime.strategy.training(model, runtime, train_data, val_data, even_validation=runners is not None)
+        with sharing as (train_loader, val_loader), compiled_net(model, settings.devices.compile):
+            train_loader = per_process_training_data(train_loader, settings.data, class_weights)
+            if not runtime.is_main_process:  # one process prints, draws and logs
+                settings = dataclasses.replace(settings, output=settings.output.silenced())
+            callbacks = callbacks_for_fit(model, settings, train_loader, val_loader, columns)
+            steps = FitStep(model, runtime, settings.step, callbacks, checks_ride_on_first_step)
+            stages: Epochs
+            if runners is None:
+                stages = FitEpochs(model, runtime, callbacks, epoch_meters(model, runtime, settings), steps)
+            else:
+                unchecked = settings.monitoring.monitor if columns is None else None
+                stages = RunnerEpochs(model, runners, runtime, callbacks, unchecked_monitor=unchecked)
+            if settings.output.verbose:
+                watch = settings.monitoring
+                chosen = f"{watch.mode}, from its name" if watch.mode_was_auto else watch.mode
+                model.print(f"{runtime.describe()}; best weights by {watch.monitor} ({chosen})")
+            return train_with_callbacks(
+                model, stages, train_loader, val_loader, runtime, callbacks, steps, settings, columns
+            )
+    finally:
+        runtime.teardown()
+
+
+def check_first_batches(model: TrainableModel, train_data: Any, val_data: Optional[Any], runtime: Runtime) -> bool:
+    """Check the first batches against the net, loss and metrics; True when the training batch's
+    checks ride on the real first step instead.
+
+    One process and the default train_step: the training batch is checked inside the real first
+    step, at no cost. Otherwise by a pass of its own, before any process starts training (a check
+    failing on one rank alone would leave the others waiting).
+    """
+    checks_ride_on_first_step = runtime.num_processes == 1 and model.uses_default_train_step
+    if not checks_ride_on_first_step:
+        check_first_batch(model, train_data, runtime, "train_data")
+    if val_data is not None:
+        check_first_batch(model, val_data, runtime, "val_data")
+    return checks_ride_on_first_step
+
+
+def columns_of_runner(
+    model: TrainableModel,
+    runners: ProgramRunners,
+    train_data: Any,
+    val_data: Optional[Any],
+    runtime: Runtime,
+    settings: FitSettings,
+) -> Optional[list[str]]:
+    """The history's columns as a torchkeras StepRunner names them, read on one batch before
+    training, with the monitored name checked against them; None with the program's own
+    EpochRunner, whose names are known only after an epoch (the monitor is checked then)."""
+    if runners.epoch_class is not None:
+        return None
+    probed = val_data if val_data is not None else train_data
+    columns = runner_columns(model, runners, probed, runtime, has_val=val_data is not None)
+    check_runner_monitor(settings.monitoring.monitor, columns, model)
+    return columns
+
+
+def epoch_meters(model: TrainableModel, runtime: Runtime, settings: FitSettings) -> dict[str, EpochMeters]:
+    return {
+        stage: EpochMeters(
+            stage, model.metrics_dict, runtime.outputs_device, runtime.reduce_sum, settings.weighted_metrics
+        )
+        for stage in ("train", "val")
+    }
+
+
+def train_with_callbacks(
+    model: TrainableModel,
+    stages: Epochs,
+    train_loader: Any,
+    val_loader: Optional[Any],
+    runtime: Runtime,
+    callbacks: CallbackList,
+    steps: FitStep,
+    settings: FitSettings,
+    columns: Optional[list[str]],
+) -> pd.DataFrame:
+    """The epochs between ``on_train_begin`` and ``on_train_end``; Ctrl-C returns the history so far.
+
+    ``columns`` are the history's columns after ``epoch`` (None: known only once an epoch ran).
+    """
+    rows: list[dict] = []
+    model.stop_training = False
+    model.fit_step = steps  # what model.backward / model.optimizer_step use inside train_step
+    callbacks.call("on_train_begin", {})
+    rows.extend(resumed_history(callbacks))
+    if len(rows) > settings.epochs:  # the saved run went further than asked: show the epochs asked for
+        model.print(
+            f"The training state holds {len(rows)} epochs; epochs={settings.epochs} returns the first "
+            f"{settings.epochs} rows (the weights are the best of all {len(rows)})."
+        )
+        del rows[settings.epochs :]
+    try:
+        if not model.stop_training:  # a resumed run that had already stopped early stays stopped
+            fit_loop(
+                model,
+                stages,
+                train_loader,
+                val_loader,
+                runtime,
+                callbacks,
+                settings.epochs,
+                rows,
+                first_epoch=rows[-1]["epoch"] + 1 if rows else 1,
+                validation_freq=settings.data.validation_freq,
+            )
+    except KeyboardInterrupt:
+        restored = "the best weights restored" if rows else "the weights from before training restored"
+        model.print(
+            f"Interrupted during epoch {len(rows) + 1}: returning the history of the {len(rows)} "
+            f"finished epoch(s) with {restored}."
+        )
+    finally:
+        model.fit_step = None
+        model.history = history_frame(rows, ["epoch", *columns] if columns is not None else None)
+        callbacks.call("on_train_end", rows[-1] if rows else {})
+    return model.history
+
+
+def callbacks_for_fit(
+    model: TrainableModel,
+    settings: FitSettings,
+    train_loader: Any,
+    val_loader: Optional[Any],
+    columns: Optional[list[str]],
+) -> CallbackList:
+    """fit's own callbacks, the user's, the training state (it keeps theirs) and the progress bar.
+
+    They run in the order of their ``order`` attribute (see :class:`~kerastorch.Callback`).
+    ``columns`` are the history's columns after ``epoch`` (None: known only after an epoch).
+    """
+    watch, output = settings.monitoring, settings.output
+    says = int(output.verbose > 0)
+    chosen: list[Any] = [
+        TerminateOnNaN(verbose=says),
+        RestoreBestWeights(
+            watch.monitor,
+            watch.mode,
+            watch.min_delta,
+            ckpt_path=watch.ckpt_path,
+            stale_state=training_state_path(watch.ckpt_path) if watch.ckpt_path and not watch.resume else None,
+        ),
+    ]
+    if watch.patience is not None:
+        chosen.append(EarlyStopping(watch.monitor, watch.mode, watch.patience, watch.min_delta, verbose=says))
+    if output.plot:
+        chosen.append(LivePlot(monitor=watch.monitor, mode=watch.mode))
+    if output.wandb:
+        chosen.append(WandbLogger(**(output.wandb if isinstance(output.wandb, dict) else {})))
+    chosen.extend(settings.callbacks)
+    if watch.resume and watch.ckpt_path is not None:  # checks.check_resume: resume needs a ckpt_path
+        chosen.append(
+            TrainingState(training_state_path(watch.ckpt_path), list(chosen), (train_loader, val_loader), verbose=says)
+        )
+    chosen.append(ProgressBar(verbose=output.verbose))
+    params = {
+        "epochs": settings.epochs,
+        "steps": num_batches(train_loader),
+        "verbose": output.verbose,
+        "monitor": watch.monitor,
+        "mode": watch.mode,
+        "metrics": columns,
+        "train_data": train_loader,
+        "ckpt_path": watch.ckpt_path,
+    }
+    return CallbackList(chosen, model, params)
+
+
+# -- results of a run in workers ------------------------------------------------------------
+
+
+def _fit_as_worker(
+    model: TrainableModel,
+    train_data: Any,
+    val_data: Optional[Any],
+    settings: FitSettings,
+    plan: Plan,
+    class_weights: Optional[torch.Tensor],
+) -> dict:
+    history = fit_here(model, train_data, val_data, settings, plan, class_weights)
+    return results_of(model, history)
+
+
+def results_of(model: TrainableModel, history: pd.DataFrame) -> dict:
+    """What the main worker sends back: the history, the best weights, the optimizer's and scheduler's state."""
+    return {
+        "history": history.to_dict("records"),
+        "weights": cpu_state_dict(model.net),
+        "optimizer": model.optimizer.state_dict(),
+        "lr_scheduler": model.lr_scheduler.state_dict() if model.lr_scheduler is not None else None,
+        "stop_training": model.stop_training,
+    }
+
+
+def take_results(model: TrainableModel, results: dict) -> pd.DataFrame:
+    """Load what the main worker sent back into the caller's model; return the history."""
+    unwrap(model.net).load_state_dict(results["weights"])
+    model.optimizer.load_state_dict(results["optimizer"])
+    if model.lr_scheduler is not None and results["lr_scheduler"] is not None:
+        model.lr_scheduler.load_state_dict(results["lr_scheduler"])
+    model.stop_training = results["stop_training"]
+    model.runtime = None
+    model.history = history_frame(results["history"])
+    return model.history
+
+
+__all__ = ["callbacks_for_fit", "fit", "fit_here"]
