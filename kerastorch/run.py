@@ -22,7 +22,7 @@ import torch
 
 from .callbacks.best_weights import RestoreBestWeights
 from .callbacks.callback_list import CallbackList
-from .callbacks.early_stopping import EarlyStopping
+from .callbacks.early_stopping import EarlyStopping, early_stoppings_in
 from .callbacks.live_plot import LivePlot
 from .callbacks.progress import ProgressBar
 from .callbacks.terminate_on_nan import TerminateOnNaN
@@ -241,6 +241,7 @@ def callbacks_for_fit(
     """
     watch, output = settings.monitoring, settings.output
     says = int(output.verbose > 0)
+    users_stoppers = early_stoppings_in(settings.callbacks)  # with one, fit adds no stopper of its own
     chosen: list[Any] = [
         TerminateOnNaN(verbose=says),
         RestoreBestWeights(
@@ -249,10 +250,11 @@ def callbacks_for_fit(
             watch.min_delta,
             ckpt_path=watch.ckpt_path,
             stale_state=training_state_path(watch.ckpt_path) if watch.ckpt_path and not watch.resume else None,
+            restore=all(stopper.restore_best_weights is None for stopper in users_stoppers),
         ),
     ]
-    if watch.patience is not None:
-        chosen.append(EarlyStopping(watch.monitor, watch.mode, watch.patience, watch.min_delta, verbose=says))
+    if watch.patience is not None and not users_stoppers:
+        chosen.append(EarlyStopping.for_fit(watch.monitor, watch.mode, watch.patience, watch.min_delta, says))
     if output.plot:
         chosen.append(LivePlot(monitor=watch.monitor, mode=watch.mode))
     if output.wandb:

@@ -20,6 +20,7 @@ from .model_checkpoint import ModelCheckpoint
 from .monitor import MonitorCallback
 from .optuna_pruning import OptunaPruning
 from .progress import ProgressBar
+from .reduce_lr_on_plateau import ReduceLROnPlateau
 from .swa import SWA
 from .tensorboard import TensorBoard
 from .terminate_on_nan import TerminateOnNaN
@@ -40,6 +41,7 @@ __all__ = [
     "MonitorCallback",
     "OptunaPruning",
     "ProgressBar",
+    "ReduceLROnPlateau",
     "RestoreBestWeights",
     "SWA",
     "TensorBoard",
