@@ -213,8 +213,8 @@ def test_fits_own_early_stopping_says_that_it_stopped_and_how_to_turn_it_off(ver
     said = printed.out + printed.err
     line = (
         "Stopped early at epoch 3: val_score has not improved for 2 epoch(s) (best 0.75 at epoch 1). "
-        "This is fit's patience=2 (kerastorch's default: stop after 2 epochs without improvement); "
-        "pass patience=None to train all 10 epochs, or a larger patience."
+        "fit stops a run after patience=2 epochs without improvement; pass patience=None to train all 10 epochs, "
+        "or a larger patience."
     )
     if verbose:
         assert line in said
@@ -526,7 +526,7 @@ def test_terminate_on_nan_raise_error_in_the_first_epoch_gives_back_the_weights_
             "every_n_epochs=2 counts epochs, but save_freq=10",
         ),
         (lambda: ReduceLROnPlateau(factor=1.0), ValueError, "factor=1.0 must be at least 0 and below 1"),
-        (lambda: ReduceLROnPlateau(factor=2), ValueError, "factor=2.0 must be at least 0 and below 1"),
+        (lambda: ReduceLROnPlateau(factor=2), ValueError, "factor=2 must be at least 0 and below 1"),
         (lambda: ReduceLROnPlateau(mode="up"), ValueError, "mode='up' is not supported"),
         (lambda: ReduceLROnPlateau(patience=-2), ValueError, "patience=-2 must be a whole number >= 0"),
         (lambda: ReduceLROnPlateau(cooldown=-1), ValueError, "cooldown=-1 must be a whole number >= 0"),
@@ -560,3 +560,30 @@ def test_docstring_example_runs(cls, tmp_path, monkeypatch):
     model.fit = lambda *args, _fit=model.fit, **kwargs: _fit(*args, **{"verbose": 0, **kwargs})
     exec(code, {"kt": kt, "model": model, "dl_train": train, "dl_val": val})
     assert len(model.history) > 0
+
+
+# -- several processes ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_callbacks_on_two_processes_hand_back_their_weights_and_rates(tmp_path):
+    # val_score: the stopper's best is epoch 2 and it stops at 4; val_err: the rate halves after epochs 2, 3, 4.
+    script = Scripted({"score": [0.25, 0.75, 0.5, 0.5, 0.5, 0.5], "err": [0.25, 0.5, 0.5, 0.5, 0.5, 0.5]})
+    callbacks = [
+        script,
+        EarlyStopping("val_score", patience=2, restore_best_weights=True),
+        ReduceLROnPlateau("val_err", factor=0.5, patience=1),
+        ModelCheckpoint(tmp_path / "e{epoch}.safetensors"),
+        ModelCheckpoint(tmp_path / "steps" / "e{epoch}-b{batch}.safetensors", save_freq=3),
+    ]
+    train, val = loaders()
+    model = make_model(script.metrics())
+    history = model.fit(
+        train, val, epochs=6, monitor="val_err", accelerator="cpu", devices=2, verbose=0, callbacks=callbacks
+    )
+    assert len(history) == 4
+    assert history["lr"].tolist() == pytest.approx([0.1, 0.1, 0.05, 0.025])
+    assert model.optimizer.param_groups[0]["lr"] == pytest.approx(0.0125)  # reduced after epoch 4 too
+    assert same_weights(weights_of(model), load_weights(tmp_path / "e2.safetensors"))
+    # Each process trains on 3 of the 5 batches an epoch (accelerate evens them out): one file an epoch.
+    assert sorted(os.listdir(tmp_path / "steps")) == [f"e{e}-b3.safetensors" for e in (1, 2, 3, 4)]

@@ -36,9 +36,9 @@ class EarlyStopping(MonitorCallback):
             ``fit``'s own rule — a torchmetrics metric's ``higher_is_better``, else the name
             (``max`` for acc, auc, f1, precision, recall, iou, r2, score...).
         baseline: with a baseline, ``wait`` is reset only by an epoch that improves on both the
-            best so far and the baseline, so a run that never beats the baseline stops
-            ``patience`` epochs after the first watched epoch at the latest (it still stops only
-            at an epoch that does not improve on the best so far, as Keras does).
+            best so far and the baseline. The stop itself still comes only at an epoch that does
+            not improve on the best so far (Keras's rule), so a run that never beats the baseline
+            stops at its first such epoch once ``patience`` epochs have been watched.
         restore_best_weights: ``None`` (default): leave it to ``fit``, which always puts back the
             best epoch by its own ``monitor`` (Keras's default is ``False``). ``True``: when ``fit``
             returns, the net holds the weights of this callback's best epoch (by this callback's
@@ -46,7 +46,8 @@ class EarlyStopping(MonitorCallback):
             the net keeps the last epoch's weights (``fit`` restores nothing, unless the loss became
             NaN: NaN weights are never kept).
         start_from_epoch: the first ``start_from_epoch`` epochs are not watched at all (a warm-up:
-            no best, no ``wait``), so the earliest stop is at epoch ``start_from_epoch + 1 + patience``.
+            no best, no ``wait``), so the earliest stop is at epoch
+            ``start_from_epoch + 1 + max(patience, 1)``.
 
     Epochs count from 1, as in the history. An epoch whose loss is NaN is never the best. When
     you pass an EarlyStopping, ``fit`` adds none of its own (its ``patience=`` is not used).
@@ -136,8 +137,8 @@ class EarlyStopping(MonitorCallback):
         if self.set_by_fit:
             epochs = self.params.get("epochs")
             message += (
-                f" This is fit's patience={self.patience} (kerastorch's default: stop after {self.patience} epochs "
-                f"without improvement); pass patience=None to train all {epochs} epochs, or a larger patience."
+                f" fit stops a run after patience={self.patience} epochs without improvement; pass patience=None "
+                f"to train all {epochs} epochs, or a larger patience."
             )
         return message
 

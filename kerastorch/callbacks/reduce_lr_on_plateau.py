@@ -48,13 +48,12 @@ class ReduceLROnPlateau(MonitorCallback):
         min_lr: float = 0.0,
     ):
         super().__init__(monitor, mode, min_delta)
-        factor = check_real_number("factor", factor, " (the new rate is lr * factor), e.g. factor=0.1")
-        if not 0.0 <= factor < 1.0:
+        self.factor = check_real_number("factor", factor, " (the new rate is lr * factor), e.g. factor=0.1")
+        if not 0.0 <= self.factor < 1.0:
             raise ValueError(
                 f"factor={factor!r} must be at least 0 and below 1, since the new rate is lr * factor "
                 "(factor=0.1 divides it by 10, factor=0.5 halves it)."
             )
-        self.factor = factor
         self.patience = check_whole_number("patience", patience, 0, ", e.g. patience=5")
         self.verbose = check_verbose(verbose)
         self.cooldown = check_whole_number("cooldown", cooldown, 0, " (epochs to wait after a reduction)")
