@@ -145,7 +145,7 @@ class KerasModel(ModuleLike, ModelParts):
                 array ``X``, a bare array in this place is ``y`` (Keras's ``fit(X, y)``).
             epochs: how many epochs to train (a resumed run counts the ones already done).
             patience: stop after this many epochs without improvement of ``monitor``;
-                None never stops early.
+                None never stops early. Unused when ``callbacks`` holds an ``EarlyStopping``.
             monitor: the history column that picks the best epoch (default ``val_loss``, or
                 ``train_loss`` without ``val_data``). Checked before the first batch.
             mode: ``"min"`` (lower is better, a loss), ``"max"`` (an accuracy), or ``"auto"``: the

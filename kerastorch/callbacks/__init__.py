@@ -21,6 +21,7 @@ from .model_checkpoint import ModelCheckpoint
 from .monitor import MonitorCallback  # noqa: F401 (importable: the base of the monitoring callbacks)
 from .optuna_pruning import OptunaPruning
 from .progress import ProgressBar
+from .reduce_lr_on_plateau import ReduceLROnPlateau
 from .swa import SWA
 from .tensorboard import TensorBoard
 from .terminate_on_nan import TerminateOnNaN
@@ -39,6 +40,7 @@ __all__ = [
     "ModelCheckpoint",
     "OptunaPruning",
     "ProgressBar",
+    "ReduceLROnPlateau",
     "RestoreBestWeights",
     "SWA",
     "TensorBoard",

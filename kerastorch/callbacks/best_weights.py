@@ -24,6 +24,10 @@ class RestoreBestWeights(MonitorCallback):
     When no epoch could be the best because training broke first — a NaN loss in the first
     epoch, Ctrl-C before the first epoch ended — the weights from before training come back
     (never the half-trained or NaN ones), and it says so.
+
+    ``restore=False`` (what ``EarlyStopping(restore_best_weights=True or False)`` among the
+    callbacks asks of ``fit``) still keeps and writes the best weights but leaves the last
+    ones in the net — except after a NaN loss, whose weights are never kept.
     """
 
     order = ORDER_BEST_WEIGHTS
@@ -36,8 +40,10 @@ class RestoreBestWeights(MonitorCallback):
         ckpt_path: Optional[Union[str, os.PathLike]] = None,
         verbose: int = 0,
         stale_state: Optional[str] = None,
+        restore: bool = True,
     ):
         super().__init__(monitor, mode, min_delta)
+        self.restore = restore
         self.ckpt_path = ckpt_path
         self.stale_state = stale_state  # an old run's training state, removed when this run first writes ckpt_path
         self.verbose = verbose
@@ -67,17 +73,24 @@ class RestoreBestWeights(MonitorCallback):
             self.model.print(f"New best {self.monitor}={self.best:.6g} at epoch {epoch}.")
 
     def on_train_end(self, logs=None):
-        if self.best_weights is not None:
+        # The last row's loss too: a callback that raised on it (TerminateOnNaN(raise_error=True)) kept
+        # this callback from seeing that epoch.
+        broke = self.broke or not losses_are_finite(logs or {})
+        if self.best_weights is not None and (self.restore or broke):
             strategy_of(self.model).load_whole_weights(self.model.net, self.best_weights)
             # Said once, so a reader knows which weights the net holds now (not the last epoch's).
             if (self.params or {}).get("verbose"):
                 self.model.print(
                     f"Restored the weights of epoch {self.best_epoch} ({self.monitor} {self.best:.4f}, the best)."
                 )
-        elif self.initial_weights is not None and (self.broke or (not logs and self.params.get("epochs"))):
+        elif (
+            self.best_weights is None
+            and self.initial_weights is not None
+            and (broke or (not logs and self.params.get("epochs")))
+        ):
             # NaN before any best, or stopped (Ctrl-C) before the first epoch ended: never half-trained weights.
             strategy_of(self.model).load_whole_weights(self.model.net, self.initial_weights)
-            if self.broke:
+            if broke:
                 self.model.print("No epoch had a finite loss, so the weights from before training are restored.")
         self.initial_weights = None
 

@@ -4,23 +4,57 @@ from __future__ import annotations
 
 import os
 import string
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from ..files.weights import check_writable, save_weights
-from ..strategies import whole_weights_on_main
-from .monitor import MonitorCallback
+from ..strategies import strategy_of, whole_weights_on_main
+from .monitor import MonitorCallback, check_real_number, check_verbose, check_whole_number
+
+# Said when an argument's type shows a call written in another order than Keras's.
+KERAS_ORDER = (
+    "; ModelCheckpoint takes Keras's arguments in Keras's order (filepath, monitor, verbose, save_best_only, "
+    "save_weights_only, mode, save_freq, initial_value_threshold): pass the others by name, e.g. "
+    "ModelCheckpoint('best.safetensors', monitor='val_acc', mode='max', save_best_only=True)"
+)
 
 
 class ModelCheckpoint(MonitorCallback):
-    """Save the net's weights (safetensors, atomically) at the end of epochs.
+    """Save the net's weights (safetensors, atomically) at the end of epochs, or every N batches.
 
-    ``filepath`` may name the epoch and any logged value, e.g.
+    Keras's ``ModelCheckpoint(filepath, monitor, verbose, save_best_only, save_weights_only,
+    mode, save_freq, initial_value_threshold)``, in Keras's order, and kerastorch's
+    ``every_n_epochs``, ``keep_last`` and ``min_delta`` by name. ``filepath`` may name the
+    epoch, the batch (with ``save_freq=N``) and any logged value, e.g.
     ``"ckpt/epoch{epoch:03d}-{val_loss:.3f}.safetensors"``. What is kept follows from it:
 
     - the best epoch: ``ModelCheckpoint("best.safetensors", save_best_only=True)``;
     - the last epoch: ``ModelCheckpoint("last.safetensors")`` (overwritten each epoch);
     - every N epochs: ``ModelCheckpoint("ckpt/epoch{epoch}.safetensors", every_n_epochs=N)``,
-      with ``keep_last=k`` to delete all but the k newest files this callback wrote.
+      with ``keep_last=k`` to delete all but the k newest files this callback wrote;
+    - every N training batches: ``ModelCheckpoint("ckpt/e{epoch}-b{batch}.safetensors", save_freq=N)``.
+
+    Args:
+        filepath: where to write; ``{epoch}`` is 1-based, ``{batch}`` the 1-based batch of the
+            epoch after which the file is written (``save_freq=N`` only).
+        monitor: the value ``save_best_only`` compares.
+        verbose: 1 prints a line for every file written.
+        save_best_only: write only when ``monitor`` improves on the best so far (by more than
+            ``min_delta``); a NaN never does.
+        save_weights_only: accepted with both values; kerastorch always writes the net's weights
+            (safetensors, or torch's plain state dict for ``.pt`` / ``.pth`` / ``.ckpt`` / ``.bin``,
+            never a pickled model), so ``False`` writes the same file as ``True``: the architecture
+            is your code, and ``model.load_ckpt(path)`` loads the file into it.
+        mode: ``"min"``, ``"max"`` or ``"auto"`` (default): decided when training begins by
+            ``fit``'s own rule (a torchmetrics metric's ``higher_is_better``, else the name).
+        save_freq: ``"epoch"`` (default) writes at the end of epochs. An int N writes after every
+            N training batches, counted across epochs (Keras's rule), and never at an epoch's end;
+            ``save_best_only`` then compares the running value of a ``train_*`` column over the
+            epoch so far, read from the device once per N batches (values of validation are not
+            known during an epoch).
+        initial_value_threshold: with ``save_best_only``, the value to beat before the first file.
+        every_n_epochs: with ``save_freq="epoch"``, write at epochs N, 2N, ...
+        keep_last: delete all but the k newest files this callback wrote (None keeps all).
+        min_delta: the smallest improvement ``save_best_only`` counts.
 
     A file is written beside its target and renamed over it, so a crash never leaves a
     half-written checkpoint; only the main process writes. Load one back with
@@ -34,7 +68,8 @@ class ModelCheckpoint(MonitorCallback):
 
         model.fit(dl_train, dl_val, epochs=10, callbacks=[
             ModelCheckpoint("ckpt/epoch{epoch:02d}-{val_loss:.3f}.safetensors", keep_last=3),
-            ModelCheckpoint("ckpt/best.safetensors", monitor="val_acc", mode="max", save_best_only=True),
+            ModelCheckpoint("ckpt/best.safetensors", monitor="val_acc", save_best_only=True),
+            ModelCheckpoint("ckpt/step-e{epoch}-b{batch}.safetensors", save_freq=4, keep_last=2),
         ])
         model.load_ckpt("ckpt/best.safetensors")
     """
@@ -43,12 +78,16 @@ class ModelCheckpoint(MonitorCallback):
         self,
         filepath: Union[str, os.PathLike],
         monitor: str = "val_loss",
-        mode: str = "min",
+        verbose: int = 0,
         save_best_only: bool = False,
+        save_weights_only: bool = False,
+        mode: str = "auto",
+        save_freq: Union[str, int] = "epoch",
+        initial_value_threshold: Optional[float] = None,
+        *,
         every_n_epochs: int = 1,
         keep_last: Optional[int] = None,
         min_delta: float = 0.0,
-        verbose: int = 0,
     ):
         super().__init__(monitor, mode, min_delta)
         if not isinstance(filepath, (str, os.PathLike)):
@@ -57,44 +96,123 @@ class ModelCheckpoint(MonitorCallback):
             )
         self.filepath = os.fspath(filepath)
         self.fields = template_fields(self.filepath)
-        if isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 1:
-            raise ValueError(f"every_n_epochs={every_n_epochs!r} must be a whole number >= 1.")
+        self.verbose = check_verbose(verbose, KERAS_ORDER)
+        for name, value in (("save_best_only", save_best_only), ("save_weights_only", save_weights_only)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name}={value!r} must be True or False{KERAS_ORDER}.")
+        if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1):
+            raise ValueError(
+                f"save_freq={save_freq!r} must be 'epoch' (write at the end of epochs) or a whole number of "
+                "training batches >= 1 (e.g. save_freq=100 writes after every 100 batches)."
+            )
+        every_n_epochs = check_whole_number("every_n_epochs", every_n_epochs, 1)
+        if save_freq != "epoch" and every_n_epochs != 1:
+            raise ValueError(
+                f"every_n_epochs={every_n_epochs} counts epochs, but save_freq={save_freq} writes every "
+                f"{save_freq} batches: pass one of them (save_freq='epoch' with every_n_epochs, or save_freq alone)."
+            )
         if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
             raise ValueError(f"keep_last={keep_last!r} must be a whole number >= 1, or None to keep every file.")
+        self.initial_value_threshold = (
+            None
+            if initial_value_threshold is None
+            else check_real_number("initial_value_threshold", initial_value_threshold, ", or None")
+        )
         self.save_best_only = save_best_only
+        self.save_weights_only = save_weights_only  # the same weights file either way (see the docstring)
+        self.save_freq = save_freq
         self.every_n_epochs = every_n_epochs
         self.keep_last = keep_last
-        self.verbose = verbose
         self.saved_paths: list[str] = []  # oldest first; only what this callback wrote
+        self.epoch = 0  # the epoch under way, for {epoch} in files written between batches
+        self.batches_since_save = 0  # counted across epochs, as Keras does
+        self.batches_per_save = 0 if save_freq == "epoch" else int(save_freq)
+        if self.batches_per_save:
+            # Set on the instance only here, so that an epoch checkpoint costs the loop no call per batch.
+            self.on_train_batch_end = self.save_every_n_batches  # type: ignore[method-assign]
 
     def on_train_begin(self, logs=None):
         # A reused callback starts each run afresh (a resumed run gets its state back afterwards).
-        self.best, self.best_epoch, self.saved_paths = None, None, []
+        self.best, self.best_epoch, self.saved_paths = self.initial_value_threshold, None, []
+        self.batches_since_save = 0
+        self.resolve_mode()
         if self.save_best_only:
             self.check_monitor_is_logged()
         if self.model.is_main_process:
             check_writable(os.path.join(self.folder, "checkpoint.safetensors"))
-        names = self.params.get("metrics")
-        unknown = [f for f in self.fields if names is not None and f != "epoch" and f not in names]
-        if unknown:
+        self.check_template()
+        if self.batches_per_save and self.save_best_only and strategy_of(self.model).gathers_together:
+            # Between batches only the main process knows its running value, but every process must gather.
             raise ValueError(
-                f"ModelCheckpoint filepath {self.filepath!r} names {', '.join(map(repr, unknown))}, which "
-                f"this run does not log; use 'epoch' or any of: {', '.join(names)}."
+                f"ModelCheckpoint(save_best_only=True, save_freq={self.save_freq}) decides on the main process's "
+                f"running values, and this run's strategy ({strategy_of(self.model)!r}) gathers the weights on every "
+                "process: pass save_freq='epoch', or save_best_only=False."
             )
 
+    def check_template(self) -> None:
+        """Fail before the first batch when ``filepath`` (or ``monitor``, with ``save_freq=N``) names a
+        value that will not be there when a file is written."""
+        names = self.params.get("metrics")
+        if names is None:  # known only after an epoch (a program's own EpochRunner)
+            return
+        by_batch = self.save_freq != "epoch"
+        known = [n for n in names if n.startswith("train_")] if by_batch else list(names)
+        unknown = [f for f in self.fields if f not in ("epoch", "batch") and f not in known]
+        if unknown:
+            why = (
+                f"which is not known between batches (save_freq={self.save_freq}: only the running training values "
+                "are); use 'epoch', 'batch'"
+                if by_batch
+                else "which this run does not log; use 'epoch'"
+            )
+            raise ValueError(
+                f"ModelCheckpoint filepath {self.filepath!r} names {', '.join(map(repr, unknown))}, {why} or any of: "
+                f"{', '.join(known)}."
+            )
+        if "batch" in self.fields and not by_batch:
+            raise ValueError(
+                f"ModelCheckpoint filepath {self.filepath!r} names {{batch}}, which exists only when writing "
+                "between batches: pass save_freq=N (every N training batches), or drop {batch}."
+            )
+        if by_batch and self.save_best_only and self.monitor not in known:
+            raise ValueError(
+                f"ModelCheckpoint(save_best_only=True, save_freq={self.save_freq}) compares {self.monitor!r} "
+                f"every {self.save_freq} batches, but during an epoch only the running training values are "
+                f"known: monitor one of {', '.join(known)}, or pass save_freq='epoch'."
+            )
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
     def on_epoch_end(self, epoch, logs=None):
-        if epoch % self.every_n_epochs != 0:
+        if self.save_freq != "epoch" or epoch % self.every_n_epochs != 0:
             return
         if self.save_best_only and (not self.watches(logs) or not self.update_best(epoch, logs)):
             return
-        weights = whole_weights_on_main(self.model)  # every process: gathering may need them all
+        self.save(epoch, logs)
+
+    def save_every_n_batches(self, batch: int, logs=None) -> None:
+        """``on_train_batch_end`` with ``save_freq=N``: reads ``logs`` (a device read) only at the N-th batch."""
+        self.batches_since_save += 1
+        if self.batches_since_save < self.batches_per_save:
+            return
+        self.batches_since_save = 0
+        if self.save_best_only and not (self.model.is_main_process and self.update_best(self.epoch, logs)):
+            return  # only the main process decides, from its own running values (refused where all must gather)
+        self.save(self.epoch, logs, batch=batch + 1)
+
+    def save(self, epoch: int, logs: Any, batch: Optional[int] = None) -> None:
+        """Write the whole weights (gathered on every process where the strategy needs them all)."""
+        weights = whole_weights_on_main(self.model)
         if weights is None:
             return
-        path = self.filepath.format(**{**logs, "epoch": epoch})
+        named = {f: logs[f] for f in self.fields if f not in ("epoch", "batch")}  # only the values it names
+        path = self.filepath.format(**named, epoch=epoch, batch=batch)
         save_weights(weights, path)
         self._remember(path)
         if self.verbose:
-            self.model.print(f"Epoch {epoch}: saved weights to {path}")
+            where = f"epoch {epoch}" if batch is None else f"epoch {epoch}, batch {batch}"
+            self.model.print(f"ModelCheckpoint at {where}: saved the weights to {path}")
 
     def _remember(self, path: str) -> None:
         if path in self.saved_paths:  # a name without {epoch} is overwritten, not added
@@ -118,10 +236,15 @@ class ModelCheckpoint(MonitorCallback):
         return os.path.commonpath([real, folder]) == folder and real != folder and real.endswith(suffix)
 
     def state_dict(self):
-        return {**super().state_dict(), "saved_paths": list(self.saved_paths)}
+        return {
+            **super().state_dict(),
+            "saved_paths": list(self.saved_paths),
+            "batches_since_save": self.batches_since_save,
+        }
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
+        self.batches_since_save = int(state.get("batches_since_save", 0))  # absent from older states
         paths = [str(p) for p in state["saved_paths"]]
         foreign = [p for p in paths if not self.is_own(p)]
         if foreign:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
+import numbers
+from typing import Any, Optional
 
 from .base import Callback
 
@@ -54,15 +55,52 @@ def auto_mode(monitor: str, metrics_dict: Optional[dict] = None) -> str:
     return "max" if any(word in bare.lower() for word in HIGHER_IS_BETTER_WORDS) else "min"
 
 
-class MonitorCallback(Callback):
-    """Keeps the best value of ``monitor`` seen so far. A NaN is never the best."""
+def check_whole_number(name: str, value: Any, minimum: int, hint: str = "") -> int:
+    """``value`` as an int when it is a whole number >= ``minimum`` (not a bool); else a ValueError saying so."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name}={value!r} must be a whole number >= {minimum}{hint}.")
+    return int(value)
 
-    def __init__(self, monitor: str = "val_loss", mode: str = "min", min_delta: float = 0.0):
+
+def check_real_number(name: str, value: Any, hint: str = "") -> float:
+    """``value`` as a float when it is a real number (not a bool); else a TypeError saying so."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}={value!r} must be a number{hint}.")
+    return float(value)
+
+
+def check_verbose(verbose: Any, hint: str = "") -> int:
+    """``verbose`` as an int (True is 1); a TypeError for anything but a whole number >= 0."""
+    if isinstance(verbose, bool):
+        return int(verbose)
+    if not isinstance(verbose, numbers.Integral) or verbose < 0:
+        raise TypeError(f"verbose={verbose!r} must be 0 (silent) or 1 (say what it does){hint}.")
+    return int(verbose)
+
+
+class MonitorCallback(Callback):
+    """Keeps the best value of ``monitor`` seen so far. A NaN is never the best.
+
+    ``mode="auto"`` is decided when training begins (:meth:`resolve_mode`), by the rule ``fit``
+    uses for its own ``mode="auto"`` (:func:`auto_mode`): a torchmetrics metric's
+    ``higher_is_better`` first, then the monitored name.
+    """
+
+    def __init__(self, monitor: str = "val_loss", mode: str = "auto", min_delta: float = 0.0):
+        if not isinstance(monitor, str):
+            raise TypeError(f"monitor={monitor!r} must be the name of a logged value, e.g. 'val_loss' or 'val_acc'.")
         self.monitor = monitor
-        self.mode = check_mode(mode)
-        self.min_delta = abs(float(min_delta))
+        self.asked_mode = check_mode(mode)
+        self.mode = self.asked_mode  # "min" or "max" once resolve_mode has run
+        self.min_delta = abs(check_real_number("min_delta", min_delta))
         self.best: Optional[float] = None
         self.best_epoch: Optional[int] = None
+
+    def resolve_mode(self) -> None:
+        """Decide ``mode="auto"`` from the model's metrics (again on every run: a reused callback may
+        watch another model)."""
+        if self.asked_mode == "auto":
+            self.mode = auto_mode(self.monitor, getattr(self.model, "metrics_dict", None))
 
     def check_monitor_is_logged(self) -> None:
         """Fail before the first batch when ``monitor`` is not a value this run will log."""
@@ -88,8 +126,8 @@ class MonitorCallback(Callback):
         return float(logs[self.monitor])
 
     def is_improvement(self, current: float) -> bool:
-        if self.mode == "auto":  # decided once the model (and its metrics) is known
-            self.mode = auto_mode(self.monitor, getattr(self.model, "metrics_dict", None))
+        if self.mode == "auto":  # used outside fit, without on_train_begin
+            self.resolve_mode()
         return improves(current, self.best, self.mode, self.min_delta)
 
     def update_best(self, epoch: int, logs: dict) -> bool:

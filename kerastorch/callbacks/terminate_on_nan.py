@@ -16,13 +16,30 @@ class TerminateOnNaN(Callback):
     """Stop training at the end of an epoch whose loss is NaN or infinite.
 
     The check reads the epoch's loss, which the loop already has as a float, so it adds
-    no device sync. The NaN epoch is never the best one, so the weights restored at the
-    end are the last finite best. ``fit`` adds one of these to every run.
+    no device sync (Keras looks at every batch's loss, which would cost one per step). The
+    NaN epoch is never the best one, so the weights restored at the end are the last finite
+    best. ``fit`` adds one of these to every run.
+
+    ``raise_error=True`` (Keras's meaning) raises a ``RuntimeError`` instead of stopping
+    gracefully, so the script fails loudly. Unlike Keras, the other callbacks' ``on_train_end``
+    still runs, because that is where ``fit`` puts the best finite weights back; nothing a
+    callback keeps on disk (the training state, checkpoints) is deleted at the end either way.
+
+    Example::
+
+        model.fit(dl_train, dl_val, epochs=3, callbacks=[kt.callbacks.TerminateOnNaN(raise_error=True)])
     """
 
     order = ORDER_WATCH_NAN
 
-    def __init__(self, verbose: int = 1):
+    def __init__(self, raise_error: bool = False, verbose: int = 1):
+        if not isinstance(raise_error, bool):
+            raise TypeError(
+                f"raise_error={raise_error!r} must be True (raise a RuntimeError) or False (stop after the epoch)."
+            )
+        self.raise_error = raise_error
+        if raise_error:
+            self.order = ORDER_WATCH_NAN - 1  # raise before fit's own watcher prints that it stops gracefully
         self.verbose = verbose
         self.nan_epoch = None
 
@@ -31,12 +48,20 @@ class TerminateOnNaN(Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         bad = [k for k in ("train_loss", "val_loss") if k in logs and not math.isfinite(logs[k])]
-        if bad:
-            self.nan_epoch = epoch
-            self.model.stop_training = True
-            if self.verbose:
-                self.model.print(
-                    f"Stopping: {bad[0]} is {logs[bad[0]]} at epoch {epoch}. "
-                    + ("The best finite weights are restored. " if epoch > 1 else "")
-                    + "Try a lower learning rate, gradient_clip_val, or check the data for NaNs."
-                )
+        if not bad:
+            return
+        self.nan_epoch = epoch
+        advice = "Try a lower learning rate, gradient_clip_val, or check the data for NaNs."
+        if self.raise_error:
+            raise RuntimeError(
+                f"{bad[0]} is {logs[bad[0]]} at epoch {epoch}: TerminateOnNaN(raise_error=True) stops training. "
+                "The net gets back the weights of the best epoch with a finite loss (or those from before "
+                f"training). {advice}"
+            )
+        self.model.stop_training = True
+        if self.verbose:
+            self.model.print(
+                f"Stopping: {bad[0]} is {logs[bad[0]]} at epoch {epoch}. "
+                + ("The best finite weights are restored. " if epoch > 1 else "")
+                + advice
+            )

@@ -25,7 +25,7 @@ import torch
 
 from ..callbacks.best_weights import RestoreBestWeights
 from ..callbacks.callback_list import CallbackList
-from ..callbacks.early_stopping import EarlyStopping
+from ..callbacks.early_stopping import EarlyStopping, early_stoppings_in
 from ..callbacks.live_plot import LivePlot
 from ..callbacks.progress import ProgressBar
 from ..callbacks.terminate_on_nan import TerminateOnNaN
@@ -286,6 +286,7 @@ def callbacks_for_fit(
     """
     watch, output = settings.monitoring, settings.output
     says = int(output.verbose > 0)
+    users_stoppers = early_stoppings_in(settings.callbacks)  # with one, fit adds no stopper of its own
     chosen: list[Any] = [
         TerminateOnNaN(verbose=says),
         RestoreBestWeights(
@@ -294,16 +295,17 @@ def callbacks_for_fit(
             watch.min_delta,
             ckpt_path=watch.ckpt_path,
             stale_state=training_state_path(watch.ckpt_path) if watch.ckpt_path and not watch.resume else None,
+            restore=all(stopper.restore_best_weights is None for stopper in users_stoppers),
         ),
     ]
-    if watch.patience is not None:
-        chosen.append(EarlyStopping(watch.monitor, watch.mode, watch.patience, watch.min_delta, verbose=says))
+    if watch.patience is not None and not users_stoppers:
+        chosen.append(EarlyStopping.for_fit(watch.monitor, watch.mode, watch.patience, watch.min_delta, says))
     if output.plot:
         chosen.append(LivePlot(monitor=watch.monitor, mode=watch.mode))
     if output.wandb:
         chosen.append(WandbLogger(**(output.wandb if isinstance(output.wandb, dict) else {})))
     chosen.extend(settings.callbacks)
-    if watch.resume and watch.ckpt_path is not None:  # checks.check_resume: resume needs a ckpt_path
+    if watch.resume and watch.ckpt_path is not None:  # the door refuses resume without a ckpt_path
         chosen.append(
             TrainingState(training_state_path(watch.ckpt_path), list(chosen), (train_loader, val_loader), verbose=says)
         )
