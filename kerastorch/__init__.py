@@ -15,6 +15,7 @@ from . import (
 from .callbacks import Callback, LivePlot
 from .cuda_devices import find_usable_cuda_devices
 from .doctor import Diagnosis, DoctorError, Finding
+from .environment import ClusterEnvironment, cluster_environment
 from .interpret import Interpretation
 from .model import KerasModel
 from .options import parse_devices
@@ -27,6 +28,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Callback",
+    "ClusterEnvironment",
     "Diagnosis",
     "DoctorError",
     "Finding",
@@ -35,6 +37,7 @@ __all__ = [
     "LRFinderResult",
     "LivePlot",
     "callbacks",
+    "cluster_environment",
     "find_usable_cuda_devices",
     "parse_devices",
     "plot_history",
