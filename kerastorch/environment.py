@@ -322,7 +322,10 @@ def _mpi(env: _Reader) -> Optional[ClusterEnvironment]:
     world_size = env.integer(size_name) or 0
     fix = f"mpirun / mpiexec sets {rank_name} with {size_name}; start the script with it (or unset {size_name})."
     rank = env.required_int(rank_name, launcher, fix)
-    srun = _srun_task(env)
+    try:
+        srun = _srun_task(env)
+    except ClusterEnvironmentError:  # the srun daemons' variables of mpirun in a SLURM job: not ours
+        srun = None
     if srun is not None and (srun.rank, srun.world_size) == (rank, world_size):
         return None  # srun started the ranks itself (srun --mpi=pmi2): a SLURM job
     local_rank_name = env.first(*local_rank_names, "LOCAL_RANK")

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 
 import kerastorch as kt
-from kerastorch.environment import ClusterEnvironmentError, cluster_environment, expand_slurm_nodelist
+from kerastorch.environment import NAMES, ClusterEnvironmentError, cluster_environment, expand_slurm_nodelist
 
 # torchrun --nproc_per_node=2 (rank 1), as printed by a real process.
 TORCHRUN = {
@@ -108,6 +108,10 @@ def test_the_default_environment_is_the_process_one(monkeypatch):
 def test_the_environment_is_a_frozen_value_exported_from_the_package():
     env = kt.cluster_environment({})
     assert isinstance(env, kt.ClusterEnvironment)
+    assert {"ClusterEnvironment", "cluster_environment"} <= set(kt.__all__)
+    assert {cluster_environment(fake).name for fake in (TORCHRUN, RAY_TRAIN, SRUN, SBATCH_SHELL, KUBEFLOW)} <= set(
+        NAMES
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         env.rank = 3  # type: ignore[misc]
 
@@ -382,6 +386,9 @@ def test_mpirun_inside_a_slurm_job_is_mpi():
     daemon.update({"SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": "0", "SLURM_NODELIST": "n[1-2]"})
     env = cluster_environment({**daemon, **open_mpi(3, 4, 1, 2, MASTER_ADDR="n1")})
     assert (env.name, env.rank, env.world_size) == ("mpi", 3, 4)
+    # The daemons' variables are not this rank's: a flaw in them is no reason to refuse MPI's.
+    without_localid = {k: v for k, v in daemon.items() if k != "SLURM_LOCALID"}
+    assert cluster_environment({**without_localid, **open_mpi(3, 4, 1, 2, MASTER_ADDR="n1")}).rank == 3
 
 
 def test_srun_starting_mpi_ranks_itself_is_slurm():
@@ -479,6 +486,11 @@ def test_ray_is_recognised_before_slurm():
     # `ray start` under srun: the Ray workers inherit the raylet's SLURM variables.
     env = cluster_environment({**SRUN, **RAY_TRAIN})
     assert (env.name, env.rank, env.world_size) == ("ray", 1, 2)
+
+
+def test_a_ray_worker_without_its_rank_is_a_clear_error():
+    with pytest.raises(ClusterEnvironmentError, match="Ray Train started this process, but RANK is not set"):
+        cluster_environment({k: v for k, v in RAY_TRAIN.items() if k != "RANK"})
 
 
 def test_a_ray_task_that_is_not_a_train_worker_is_local():
