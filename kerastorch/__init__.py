@@ -12,7 +12,7 @@ Who owns what, in the order a ``fit`` call goes through them:
 | keywords | ``arguments.py`` (the door) | every keyword's check, aliases (Keras's, torchkeras's, Lightning's words), ``"auto"`` resolved |
 | settings | ``settings.py`` | the frozen groups the door builds; everything downstream trusts them |
 | data | ``data/`` | one adapter per data form, turning it into loaders; reading a batch into inputs, labels, weights |
-| where | ``devices/`` | Lightning's device words, the plan (this process, k workers, one rank of a job), the runtime |
+| where | ``devices/`` | Lightning's device words, who started us (torchrun, SLURM, MPI, Kubeflow, Ray), the plan, the runtime |
 | how processes share the work | ``strategies/`` | single device, model parallel, DDP, FSDP behind one protocol; nothing else asks which runs |
 | checks | ``checks/`` | the model and the first batch, before the first weight changes |
 | the run | ``training/`` | ``run`` → ``fit_loop(Epochs)`` → ``FitStep``; meters, history, evaluate and predict |
@@ -36,6 +36,7 @@ from . import (
     strategies,
 )
 from .callbacks import Callback
+from .devices.environment import cluster_environment
 from .model import KerasModel
 from .seed import seed_everything, seed_worker
 from .summary import summary  # the module first: importing it later must not hide the function
@@ -49,6 +50,7 @@ __all__ = [
     "DoctorError",
     "KerasModel",
     "callbacks",
+    "cluster_environment",
     "devices",
     "plot_history",
     "seed_everything",
@@ -70,6 +72,7 @@ _MOVED = {
     "Finding": ".tools.doctor",
     "Interpretation": ".tools.interpret",
     "LRFinderResult": ".tools.tuning",
+    "ClusterEnvironment": ".devices.environment",
 }
 
 

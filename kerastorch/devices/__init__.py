@@ -1,5 +1,6 @@
 """Where a run trains: Lightning's words for devices and precision (:mod:`~kerastorch.devices.words`),
-the machine's GPUs counted without initialising CUDA (:mod:`~kerastorch.devices.cuda`), the plan
+the machine's GPUs counted without initialising CUDA (:mod:`~kerastorch.devices.cuda`), the cluster
+environment that started this process (:mod:`~kerastorch.devices.environment`), the plan
 (this process, k forked workers, or one rank of a job: :mod:`~kerastorch.devices.plan`), the k
 worker processes started from a notebook (:mod:`~kerastorch.devices.launch`), the runtime the loop
 talks to (:mod:`~kerastorch.devices.runtime`) and the net placed on it
@@ -11,6 +12,7 @@ talks to (:mod:`~kerastorch.devices.runtime`) and the net placed on it
 """
 
 from .cuda import find_usable_cuda_devices
+from .environment import ClusterEnvironment, cluster_environment
 from .words import parse_devices
 
-__all__ = ["find_usable_cuda_devices", "parse_devices"]
+__all__ = ["ClusterEnvironment", "cluster_environment", "find_usable_cuda_devices", "parse_devices"]
