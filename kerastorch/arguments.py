@@ -19,13 +19,13 @@ they live in :mod:`kerastorch.checks`.
 from __future__ import annotations
 
 import difflib
-import numbers
 import os
 from typing import Any, Optional, Sequence, Union
 
 from .callbacks.base import Callback
 from .callbacks.monitor import auto_mode, check_mode
 from .callbacks.training_state import training_state_path
+from .checks.values import check_flag, check_whole_number
 from .compat.arguments import verbose_from_quiet
 from .compat.callbacks import as_callback
 from .compat.runners import program_runners
@@ -237,7 +237,7 @@ def data_arguments(
             f"validation_split={validation_split!r}; use a fraction in [0, 1), e.g. 0.2 for the last 20 %."
         )
     if steps_per_epoch is not None:
-        check_whole_number("steps_per_epoch", steps_per_epoch, minimum=1, hint="or None for whole passes")
+        check_whole_number("steps_per_epoch", steps_per_epoch, minimum=1, hint=" (or None for whole passes)")
     check_whole_number("validation_freq", validation_freq, minimum=1)
     return DataSettings(batch_size, shuffle, validation_split, class_weight, steps_per_epoch, validation_freq)
 
@@ -263,7 +263,7 @@ def monitor_arguments(
             f"ckpt_path={os.fspath(patience)!r})."
         )
     if patience is not None:
-        check_whole_number("patience", patience, minimum=0, hint="or patience=None to never stop early")
+        check_whole_number("patience", patience, minimum=0, hint=" (or patience=None to never stop early)")
     check_mode(mode)
     monitor = monitor or ("val_loss" if has_val else "train_loss")
     if program_runners(model) is None:  # a program's own step names its values on its first batch
@@ -359,20 +359,6 @@ def callback_arguments(callbacks: Any) -> tuple[Callback, ...]:
 
 
 # -- single values -------------------------------------------------------------------------------
-
-
-def check_whole_number(name: str, value: Any, minimum: int, hint: str = "") -> None:
-    """A whole number >= ``minimum`` (NumPy integers from a config or a grid count too)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        extra = f" ({hint})" if hint else ""
-        raise ValueError(f"{name}={value!r} must be a whole number >= {minimum}{extra}.")
-
-
-def check_flag(name: str, value: Any, error: type[Exception] = ValueError) -> bool:
-    """True or False, nothing else."""
-    if not isinstance(value, bool):
-        raise error(f"{name}={value!r} must be True or False.")
-    return value
 
 
 def check_resume(resume: Any, ckpt_path: Any) -> None:

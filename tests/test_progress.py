@@ -147,3 +147,12 @@ def test_the_last_line_names_the_restored_epoch_and_its_monitored_value(loaders,
     best = dfhistory.loc[dfhistory["val_acc"].idxmax()]
     last_line = capsys.readouterr().out.splitlines()[-1]
     assert last_line == f"Restored the weights of epoch {int(best['epoch'])} (val_acc {best['val_acc']:.4f}, the best)."
+
+
+def test_the_best_mark_is_on_the_epoch_whose_weights_fit_restores(loaders, capsys):
+    # min_delta larger than any change: only epoch 1 improves, so fit keeps epoch 1's weights,
+    # and the mark must say so even though val_loss still falls a little afterwards.
+    history = small_model().fit(*loaders, epochs=3, min_delta=10.0, patience=None, verbose=2)
+    assert history["val_loss"].iloc[2] < history["val_loss"].iloc[0]
+    marked = [line for line in capsys.readouterr().out.splitlines() if "★ best" in line]
+    assert len(marked) == 1 and marked[0].startswith("Epoch 1/3")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
+from ..checks.values import check_real_number, check_verbose, check_whole_number
 from ..strategies import strategy_of
 from .base import ORDER_EARLY_STOPPING
-from .monitor import MonitorCallback, check_real_number, check_verbose, check_whole_number, improves
+from .monitor import MonitorCallback, improves
 from .terminate_on_nan import losses_are_finite
 
 # Said when an argument's type shows a call written in another order than Keras's.

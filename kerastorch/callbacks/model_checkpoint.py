@@ -6,9 +6,10 @@ import os
 import string
 from typing import Any, Optional, Union
 
+from ..checks.values import check_real_number, check_verbose, check_whole_number
 from ..files.weights import check_writable, save_weights
 from ..strategies import strategy_of, whole_weights_on_main
-from .monitor import MonitorCallback, check_real_number, check_verbose, check_whole_number
+from .monitor import MonitorCallback
 
 # Said when an argument's type shows a call written in another order than Keras's.
 KERAS_ORDER = (

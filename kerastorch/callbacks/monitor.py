@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-import numbers
-from typing import Any, Optional
+from typing import Optional
 
+from ..checks.values import check_real_number
 from .base import Callback
 
 MODES = ("min", "max")
@@ -53,29 +53,6 @@ def auto_mode(monitor: str, metrics_dict: Optional[dict] = None) -> str:
     if "loss" in bare.lower():
         return "min"
     return "max" if any(word in bare.lower() for word in HIGHER_IS_BETTER_WORDS) else "min"
-
-
-def check_whole_number(name: str, value: Any, minimum: int, hint: str = "") -> int:
-    """``value`` as an int when it is a whole number >= ``minimum`` (not a bool); else a ValueError saying so."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name}={value!r} must be a whole number >= {minimum}{hint}.")
-    return int(value)
-
-
-def check_real_number(name: str, value: Any, hint: str = "") -> float:
-    """``value`` as a float when it is a real number (not a bool); else a TypeError saying so."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name}={value!r} must be a number{hint}.")
-    return float(value)
-
-
-def check_verbose(verbose: Any, hint: str = "") -> int:
-    """``verbose`` as an int (True is 1); a TypeError for anything but a whole number >= 0."""
-    if isinstance(verbose, bool):
-        return int(verbose)
-    if not isinstance(verbose, numbers.Integral) or verbose < 0:
-        raise TypeError(f"verbose={verbose!r} must be 0 (silent) or 1 (say what it does){hint}.")
-    return int(verbose)
 
 
 class MonitorCallback(Callback):

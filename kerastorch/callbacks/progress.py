@@ -157,7 +157,7 @@ class ProgressBar(Callback):
         if self._active_style is None:
             return
         seconds = time.monotonic() - self._epoch_start
-        line = f"{self._label} ({seconds:.2f}s): {format_logs(logs, self._improved(logs))}"
+        line = f"{self._label} ({seconds:.2f}s): {format_logs(logs, self._improved(epoch, logs))}"
         if self._active_style == "lines":
             self.model.print(line)
         elif self.notebook is not None:
@@ -174,9 +174,13 @@ class ProgressBar(Callback):
 
     # -- helpers ------------------------------------------------------------------------------
 
-    def _improved(self, logs) -> Optional[str]:
-        """The monitored name when this epoch's value is the best so far, else None."""
+    def _improved(self, epoch: int, logs) -> Optional[str]:
+        """The monitored name when this epoch's value is the best so far, else None: fit's own decision
+        (``params["best"]``, the callback that keeps its best weights) when there is one."""
         monitor, mode = self.params.get("monitor"), self.params.get("mode", "min")
+        best = self.params.get("best")
+        if best is not None:
+            return monitor if best.best_epoch == epoch else None
         value = logs.get(monitor)
         if value is None or (isinstance(value, float) and not math.isfinite(value)):
             return None

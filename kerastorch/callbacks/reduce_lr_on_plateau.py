@@ -6,7 +6,8 @@ from typing import Optional
 
 import torch
 
-from .monitor import MonitorCallback, check_real_number, check_verbose, check_whole_number
+from ..checks.values import check_real_number, check_verbose, check_whole_number
+from .monitor import MonitorCallback
 
 
 class ReduceLROnPlateau(MonitorCallback):

@@ -77,9 +77,13 @@ class WandbLogger(Callback):
         if self.run is None:
             return
         row = dict(logs)
-        monitor = self.params.get("monitor")
+        monitor, fits_best = self.params.get("monitor"), self.params.get("best")
         value = row.get(monitor)
-        if value is not None and improves(value, self.best, self.params.get("mode", "min")):
+        if fits_best is not None:  # fit's own decision, the epoch whose weights it keeps
+            improved = fits_best.best_epoch == epoch
+        else:
+            improved = value is not None and improves(value, self.best, self.params.get("mode", "min"))
+        if improved:
             self.best = row[monitor]
             self.run.summary[f"best_{monitor}"] = self.best
             self.run.summary["best_epoch"] = epoch

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..data.batches import BatchError, split_batch, split_sample_weight
+from ..data.batches import BatchError, unpack
 from ..data.peek import NoBatchesError, dry_run_first_batch
 from ..training.meters import is_stateful_metric, metric_friendly, metric_update_fn, scalar_metric_value
 from ..training.metric_sync import is_torchmetrics
@@ -142,7 +142,7 @@ def _first_batch_hint(model: Any, batch: Any) -> str:
     if batch is None:
         return ""
     try:
-        args, kwargs, labels = split_batch(split_sample_weight(batch)[0])
+        args, kwargs, labels, _ = unpack(batch)
     except BatchError:
         return ""
     inputs = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]

@@ -1,4 +1,5 @@
-"""How a batch from the user's DataLoader becomes ``net(...)`` inputs and labels."""
+"""How a batch from the user's DataLoader becomes ``net(...)`` inputs, labels and sample weights:
+:func:`unpack` is the one reading of a batch that fit, evaluate, the checks and the tools share."""
 
 from __future__ import annotations
 
@@ -149,3 +150,25 @@ def labels_to_outputs(labels: Any, preds: Any) -> Any:
     if out is None or labels.device == out.device:
         return labels
     return labels.to(out.device, non_blocking=True)
+
+
+class Unpacked(NamedTuple):
+    """A batch as kerastorch reads it: the net is called ``net(*args, **kwargs)``; ``labels`` go to the
+    loss and the metrics; ``weight`` holds the samples' weights (None without any)."""
+
+    args: tuple
+    kwargs: dict
+    labels: Any
+    weight: Optional[torch.Tensor]
+
+
+def unpack(batch: Any) -> Unpacked:
+    """Read a batch: ``(x, y)``, ``(x1, ..., xn, y)`` or a dict with a labels key, with sample weights
+    (a :class:`WeightedSample`, or a ``sample_weight`` key) or without.
+
+    >>> unpack((torch.zeros(2, 3), torch.tensor([0, 1]))).labels
+    tensor([0, 1])
+    """
+    plain, weight = split_sample_weight(batch)
+    args, kwargs, labels = split_batch(plain)
+    return Unpacked(args, kwargs, labels, weight)

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
 from ..settings import DEFAULT_BATCH_SIZE, DataSettings
 from .arrays import ArrayDataset
-from .batches import LABEL_KEYS, split_batch, split_sample_weight
+from .batches import LABEL_KEYS, unpack
 from .peek import rng_untouched
 from .sample_weights import ClassWeighted
 
@@ -71,7 +71,7 @@ def training_labels(loader: Any) -> torch.Tensor:
     found = []
     with rng_untouched(loader):
         for batch in loader:
-            _, _, labels = split_batch(split_sample_weight(batch)[0])
+            labels = unpack(batch).labels
             found.append(torch.as_tensor(labels).reshape(-1).cpu())
     return torch.cat(found) if found else torch.zeros(0, dtype=torch.long)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .batches import WeightedSample, split_batch, split_sample_weight
+from .batches import WeightedSample, split_sample_weight, unpack
 
 # The per-sample copy of each loss object, made once; a shallow copy shares the user's
 # buffers (a CrossEntropyLoss's weight), so moving the loss moves its copy too.
@@ -134,7 +134,7 @@ class ClassWeighted:
     def __iter__(self):
         for batch in self.loader:
             plain, weight = split_sample_weight(batch)
-            _, _, labels = split_batch(plain)
+            labels = unpack(plain).labels
             class_weight = self.table.to(labels.device)[labels.reshape(-1).long()]
             yield WeightedSample(plain, class_weight if weight is None else weight.reshape(-1) * class_weight)
 

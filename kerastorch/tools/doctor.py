@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, SequentialSampler
 
 from ..callbacks.callback_list import CallbackList
 from ..checks.first_batch import broadcast_mismatch
-from ..data.batches import split_batch, split_sample_weight
+from ..data.batches import unpack
 from ..data.forms import FitData, prepare_data
 from ..data.loaders import training_labels
 from ..data.peek import rng_untouched
@@ -184,7 +184,7 @@ def _first_batches(loader: Any, count: int) -> list:
 
 
 def _parts(batch: Any) -> tuple[tuple, dict, Any]:
-    return split_batch(split_sample_weight(batch)[0])
+    return unpack(batch)[:3]
 
 
 def _inputs_tensor(batch: Any) -> Optional[torch.Tensor]:

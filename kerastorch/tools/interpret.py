@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..data.batches import split_batch, split_sample_weight, to_host
+from ..data.batches import to_host, unpack
 from ..data.forms import eval_loader
 from ..data.sample_weights import per_sample_loss
 from ..devices.runtime import runtime_for_net
@@ -172,7 +172,7 @@ def interpret(model: TrainableModel, data: Any, y: Any = None, batch_size: Optio
     probs, labels, losses, inputs = [], [], [], []
     with eval_mode(model.net), torch.no_grad():
         for batch in loader:
-            args, kwargs, batch_labels = split_batch(split_sample_weight(runtime.to_device(batch))[0])
+            args, kwargs, batch_labels, _ = unpack(runtime.to_device(batch))
             outputs = model.net(*args, **kwargs)
             batch_losses = per_sample(outputs, batch_labels)
             losses.append(batch_losses.reshape(batch_losses.shape[0], -1).mean(dim=1).float().cpu())

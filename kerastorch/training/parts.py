@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..data.batches import labels_to_outputs, split_batch, split_inputs, split_sample_weight
+from ..data.batches import labels_to_outputs, split_inputs, unpack
 from ..data.sample_weights import weighted_loss
 from .meters import check_metrics
 
@@ -54,8 +54,7 @@ class ModelParts:
         weights (a ``sample_weight`` key in a dict, or what ``fit(sample_weight=...,
         class_weight=...)`` makes) gets the weighted loss of :mod:`kerastorch.data.sample_weights`.
         """
-        batch, sample_weight = split_sample_weight(batch)
-        args, kwargs, labels = split_batch(batch)
+        args, kwargs, labels, sample_weight = unpack(batch)
         preds = self.net(*args, **kwargs)
         labels = labels_to_outputs(labels, preds)  # a model-parallel net's output may be on another device
         if sample_weight is not None:

@@ -287,17 +287,15 @@ def callbacks_for_fit(
     watch, output = settings.monitoring, settings.output
     says = int(output.verbose > 0)
     users_stoppers = early_stoppings_in(settings.callbacks)  # with one, fit adds no stopper of its own
-    chosen: list[Any] = [
-        TerminateOnNaN(verbose=says),
-        RestoreBestWeights(
-            watch.monitor,
-            watch.mode,
-            watch.min_delta,
-            ckpt_path=watch.ckpt_path,
-            stale_state=training_state_path(watch.ckpt_path) if watch.ckpt_path and not watch.resume else None,
-            restore=all(stopper.restore_best_weights is None for stopper in users_stoppers),
-        ),
-    ]
+    best_weights = RestoreBestWeights(
+        watch.monitor,
+        watch.mode,
+        watch.min_delta,
+        ckpt_path=watch.ckpt_path,
+        stale_state=training_state_path(watch.ckpt_path) if watch.ckpt_path and not watch.resume else None,
+        restore=all(stopper.restore_best_weights is None for stopper in users_stoppers),
+    )
+    chosen: list[Any] = [TerminateOnNaN(verbose=says), best_weights]
     if watch.patience is not None and not users_stoppers:
         chosen.append(EarlyStopping.for_fit(watch.monitor, watch.mode, watch.patience, watch.min_delta, says))
     if output.plot:
@@ -319,6 +317,7 @@ def callbacks_for_fit(
         "metrics": columns,
         "train_data": train_loader,
         "ckpt_path": watch.ckpt_path,
+        "best": best_weights,  # fit's best epoch, decided once: .best_epoch, .best (the progress mark, loggers)
     }
     return CallbackList(chosen, model, params)
 

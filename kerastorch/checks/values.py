@@ -1,0 +1,44 @@
+"""Checks of single values, shared by the door (fit's keywords) and by the callbacks' own arguments,
+each raising an error that says what was wrong and what to pass.
+
+>>> check_whole_number("epochs", 3, minimum=0), check_flag("shuffle", True)
+(3, True)
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+
+def check_whole_number(name: str, value: Any, minimum: int, hint: str = "") -> int:
+    """``value`` as an int when it is a whole number >= ``minimum`` (not a bool); else a ValueError saying so."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name}={value!r} must be a whole number >= {minimum}{hint}.")
+    return int(value)
+
+
+def check_real_number(name: str, value: Any, hint: str = "") -> float:
+    """``value`` as a float when it is a real number (not a bool); else a TypeError saying so."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}={value!r} must be a number{hint}.")
+    return float(value)
+
+
+def check_verbose(verbose: Any, hint: str = "") -> int:
+    """``verbose`` as an int (True is 1); a TypeError for anything but a whole number >= 0."""
+    if isinstance(verbose, bool):
+        return int(verbose)
+    if not isinstance(verbose, numbers.Integral) or verbose < 0:
+        raise TypeError(f"verbose={verbose!r} must be 0 (silent) or 1 (say what it does){hint}.")
+    return int(verbose)
+
+
+def check_flag(name: str, value: Any, error: type[Exception] = ValueError) -> bool:
+    """True or False, nothing else."""
+    if not isinstance(value, bool):
+        raise error(f"{name}={value!r} must be True or False.")
+    return value
+
+
+__all__ = ["check_flag", "check_real_number", "check_verbose", "check_whole_number"]
