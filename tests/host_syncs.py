@@ -254,12 +254,14 @@ def _qualified_name(frame: Any) -> str:
 
 
 def short_path(file: str) -> str:
-    """``file`` from its package on: ``kerastorch/step.py``, ``torch/optim/adam.py``."""
-    for marker in (os.sep + "kerastorch" + os.sep, os.sep + "site-packages" + os.sep, os.sep + "tests" + os.sep):
-        if marker in file:
-            tail = file.rsplit(marker, 1)[1]
-            return tail if marker.endswith("site-packages" + os.sep) else marker.strip(os.sep) + os.sep + tail
-    return os.path.basename(file)
+    """``file`` from its package on: ``kerastorch/step.py``, ``torch/optim/adam.py``, ``tests/x.py``
+    (from the innermost of those folders, wherever the checkout is)."""
+    markers = [os.sep + name + os.sep for name in ("kerastorch", "site-packages", "tests")]
+    marker = max(markers, key=file.rfind)
+    if file.rfind(marker) < 0:
+        return os.path.basename(file)
+    tail = file.rsplit(marker, 1)[1]
+    return tail if "site-packages" in marker else marker.strip(os.sep) + os.sep + tail
 
 
 @contextlib.contextmanager
