@@ -31,17 +31,19 @@ slows all alike:
    003's CNN (``overhead.py``'s tasks); a library's epochs are timed from its first
    epoch's begin hook to the return of its fit call, so its set-up is left out;
 2. the fixed cost of one fit call: one epoch on one training batch and one validation
-   batch of the CNN, the model built once beforehand (median milliseconds);
+   batch, of the tiny MLP (where nearly all of it is the library's own work) and of the CNN,
+   the model built once beforehand (median milliseconds, and over the bare loop's);
 3. host syncs per training step on the tiny MLP, counted with the tests' counter
    (``tests/host_syncs.py``): two runs of 8 and 24 steps, the difference per step.
 
-    python benchmarks/peers.py [--repeats 5] [--epochs 3] [--only mlp cnn startup syncs] 2>/dev/null
+    python benchmarks/peers.py [--repeats 5] [--epochs 3] [--only mlp cnn startup syncs] [--threads 1] 2>/dev/null
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.util
 import logging
 import os
@@ -57,7 +59,7 @@ os.environ.setdefault("KERAS_BACKEND", "torch")  # before anything imports keras
 
 import torch
 import torchmetrics
-from overhead import cnn_task, run_bare, run_seed_loop, tiny_mlp_task
+from overhead import cnn_task, make_parts, run_bare, run_seed_loop, tiny_mlp_task
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
@@ -318,25 +320,24 @@ def epoch_ratios(task: Callable, loops: list[str], repeats: int, epochs: int, pr
     return {name: statistics.median(times[name]) / bare for name in loops}
 
 
-def fixed_costs(loops: list[str], repeats: int, progress: bool) -> dict:
-    """Milliseconds of one fit call on one training batch and one validation batch of the CNN."""
-    from kerastorch.examples import create_cnn
-
-    torch.manual_seed(0)
-    batch = torch.utils.data.TensorDataset(torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,)))
-    _INPUT_SHAPES[create_cnn] = batch[0][0].shape
-    one_batch = DataLoader(batch, batch_size=64)
+def fixed_costs(task: Callable, loops: list[str], repeats: int, progress: bool) -> dict:
+    """Milliseconds of one fit call: one epoch of one training batch and one validation batch."""
+    title, train, _, make_net, batch_size = task()
+    _INPUT_SHAPES[make_net] = train[0][0].shape
+    one_batch = DataLoader(Subset(train, range(batch_size)), batch_size=batch_size)
     with tempfile.TemporaryDirectory() as folder, quiet():
         ckpt = os.path.join(folder, "best.pt")
         calls = {}
         for name in loops:
-            if name in ("bare", "seed loop"):
-                calls[name] = lambda name=name: seconds_per_epoch(
-                    name, create_cnn, one_batch, one_batch, 1, progress, ckpt
+            if name in ("bare", "seed loop"):  # their net, optimizer and metric built beforehand too
+                loop = run_bare if name == "bare" else functools.partial(run_seed_loop, ckpt_path=ckpt)
+                parts = make_parts(make_net)
+                calls[name] = lambda loop=loop, parts=parts: loop(
+                    make_net, one_batch, one_batch, 1, torch.device("cpu"), parts=parts
                 )
             else:
                 build, fit = LIBRARIES[name]
-                model = build(create_cnn)
+                model = build(make_net)
                 calls[name] = lambda fit=fit, model=model: fit(model, one_batch, one_batch, 1, Clock(), progress)
         times: dict[str, list[float]] = {name: [] for name in loops}
         for _ in range(3):  # warm-up
@@ -347,11 +348,14 @@ def fixed_costs(loops: list[str], repeats: int, progress: bool) -> dict:
                 start = time.perf_counter()
                 call()
                 times[name].append(time.perf_counter() - start)
-    print(f"\nOne fit call, one epoch of one training and one validation batch of the CNN: median of {repeats}")
-    print(f"{'loop':<12}{'ms':>8}{'min ms':>9}{'max ms':>9}")
+    bare = statistics.median(times["bare"]) * 1e3
+    print(f"\nOne fit call on one training and one validation batch ({title}): median of {repeats}, ms")
+    print(f"{'loop':<12}{'ms':>8}{'over bare':>11}{'min ms':>9}{'max ms':>9}")
     for name in loops:
         ms = [t * 1e3 for t in times[name]]
-        print(f"{name:<12}{statistics.median(ms):>8.1f}{min(ms):>9.1f}{max(ms):>9.1f}")
+        print(
+            f"{name:<12}{statistics.median(ms):>8.1f}{statistics.median(ms) - bare:>11.1f}{min(ms):>9.1f}{max(ms):>9.1f}"
+        )
     return {name: statistics.median(times[name]) * 1e3 for name in loops}
 
 
@@ -390,7 +394,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--only", nargs="+", choices=["mlp", "cnn", "startup", "syncs"], default=None)
     parser.add_argument("--progress", choices=["off", "default"], default="off")
     parser.add_argument("--where", action="store_true", help="print where each loop's per-step syncs come from")
+    parser.add_argument("--threads", type=int, default=None, help="torch's threads (default: torch's own choice)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     progress = args.progress == "default"
     silence_loggers()
     loops = available_loops()
@@ -412,7 +419,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     if "cnn" in wanted:
         rows["seed 003's CNN (x bare)"] = epoch_ratios(cnn_task, loops, args.repeats, args.epochs, progress)
     if "startup" in wanted:
-        rows["one fit call on one batch, ms"] = fixed_costs(loops, args.startup_repeats, progress)
+        rows["one fit call on one batch of the tiny MLP, ms"] = fixed_costs(
+            tiny_mlp_task, loops, args.startup_repeats, progress
+        )
+        rows["one fit call on one batch of the CNN, ms"] = fixed_costs(cnn_task, loops, args.startup_repeats, progress)
     if "syncs" in wanted:
         rows["host syncs per training step"] = host_syncs_per_step(loops, progress)
         if args.where:
