@@ -27,7 +27,8 @@ class OptunaPruning(Callback):
     A pruned run stops like an early stop — every process together, the best weights
     restored, every file whole — and then ``fit`` raises ``optuna.TrialPruned``, which
     Optuna's ``study.optimize`` records as a pruned trial (``model.history`` holds the
-    epochs that ran). Only the main process reports.
+    epochs that ran). A fit over several processes (``devices=2``) is refused before training:
+    the workers' reports would never reach the study.
 
     Example::
 
@@ -52,6 +53,18 @@ class OptunaPruning(Callback):
 
     def on_train_begin(self, logs=None):
         self.pruned_at = None
+        runtime = self.model.runtime
+        processes = runtime.num_processes if runtime is not None else 1
+        if processes > 1:
+            # The trial lives in the process that called study.optimize; the workers hold copies of
+            # it, so the values they report and their "pruned" never reach the study.
+            raise ValueError(
+                f"OptunaPruning reports to the trial of this process, but this fit trains in {processes} processes "
+                f"(devices={processes}), whose reports would never reach the study: the trial would end PRUNED "
+                "with nothing reported. Train each trial with devices=1, and run trials side by side instead: "
+                "study.optimize(objective, n_trials=..., n_jobs=2), or several processes sharing a study on a "
+                "database storage."
+            )
         names = self.params.get("metrics")
         if self.monitor is not None and names is not None and self.monitor not in names:
             raise ValueError(
