@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset
 
 import kerastorch as kt
 from helpers import accuracy
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def blobs(n=400, classes=3, seed=0):
@@ -488,3 +493,364 @@ def test_optuna_pruning_over_several_processes_is_refused_before_training(digits
     with pytest.raises(ValueError, match=r"OptunaPruning.*devices=2.*devices=1"):
         model.fit(*digits, epochs=2, verbose=0, accelerator="cpu", devices=2, callbacks=[OptunaPruning(trial)])
     assert same(weights_of(model.net), before)
+
+
+# -- 1, 2. fit(devices=k) from a notebook: again after a failure, and Ctrl-C afterwards ----------
+
+
+AGAIN_AFTER_A_FAILURE = """
+import gc, os, torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+import kerastorch as kt
+
+class FailsOnRankOne(kt.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if os.environ.get("RANK") == "1":
+            raise ValueError("rank one cannot go on")
+
+def model():
+    net = nn.Linear(4, 3)
+    return kt.KerasModel(net, nn.CrossEntropyLoss(), {}, torch.optim.SGD(net.parameters(), lr=0.1))
+
+data = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,))), batch_size=16)
+# No collection in this process between the two fits (there may be none in a notebook either): what the
+# failed launch left is still there when the next one forks its workers, which collect (accelerate does).
+gc.disable()
+try:
+    model().fit(data, epochs=1, verbose=0, accelerator="cpu", devices=2, callbacks=[FailsOnRankOne()])
+except ValueError as error:
+    print("first fit:", error)
+history = model().fit(data, epochs=2, verbose=0, accelerator="cpu", devices=2)
+print("second fit:", len(history), "epochs")
+"""
+
+
+@pytest.mark.slow
+def test_fit_on_two_processes_again_after_a_failed_one_trains(tmp_path):
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-c", AGAIN_AFTER_A_FAILURE],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # the workers too, to end them all if they hang
+    )
+    try:
+        output, _ = process.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"the second fit(devices=2) hung:\n{output[-3000:]}")
+    assert process.returncode == 0, output[-3000:]
+    assert "first fit: rank one cannot go on" in output and "second fit: 2 epochs" in output
+
+
+class InterruptAtEpoch(kt.Callback):
+    def __init__(self, epoch):
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.epoch:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C
+
+
+@pytest.mark.slow
+def test_ctrl_c_after_a_fit_on_two_processes_still_returns_the_history_so_far(digits):
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    digits_model().fit(*digits, epochs=1, verbose=0, accelerator="cpu", devices=2)
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers  # the caller's handlers are back
+    history = digits_model().fit(*digits, epochs=4, verbose=0, callbacks=[InterruptAtEpoch(2)])
+    assert len(history) == 2
+
+
+# -- 5. FSDP with BatchNorm: the history DDP gives, evaluate() of the returned net, exact resume -----
+
+
+def batch_norm_model():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10))
+    return kt.KerasModel(net, nn.CrossEntropyLoss(), {"acc": accuracy}, torch.optim.Adam(net.parameters(), lr=1e-2))
+
+
+def digits_for_processes(digits8, val_samples=101):
+    ds_train, ds_val = digits8
+    torch.manual_seed(1)  # the same shuffling for every run
+    # 101 validation samples in batches of 16: 4 batches for one process, 3 for the other.
+    return DataLoader(ds_train, batch_size=64, shuffle=True), DataLoader(Subset(ds_val, range(val_samples)), 16)
+
+
+@pytest.mark.slow
+def test_fsdp_with_batch_norm_validates_as_ddp_does_and_as_evaluate_does_and_resumes_exactly(digits8, tmp_path):
+    runs = {}
+    for strategy in ("ddp", "fsdp"):
+        model = batch_norm_model()
+        history = model.fit(
+            *digits_for_processes(digits8), epochs=4, patience=None, verbose=0, accelerator="cpu", devices=2,
+            strategy=strategy,
+        )  # fmt: skip
+        runs[strategy] = (model, history)
+    (_, ddp_history), (fsdp, fsdp_history) = runs["ddp"], runs["fsdp"]
+    for column in ("train_loss", "val_loss", "val_acc"):
+        assert fsdp_history[column].tolist() == pytest.approx(ddp_history[column].tolist(), rel=1e-4, abs=1e-5)
+    val = digits_for_processes(digits8)[1]
+    for model, history in runs.values():
+        best = history.loc[history["val_loss"].idxmin()]
+        assert model.evaluate(val, quiet=True)["val_loss"] == pytest.approx(best["val_loss"], rel=1e-6)
+
+    ckpt = tmp_path / "best.safetensors"
+    options = dict(patience=None, verbose=0, accelerator="cpu", devices=2, strategy="fsdp", ckpt_path=ckpt, resume=True)
+    batch_norm_model().fit(*digits_for_processes(digits8), epochs=2, **options)
+    resumed = batch_norm_model()
+    history = resumed.fit(*digits_for_processes(digits8), epochs=4, **options)
+    pd.testing.assert_frame_equal(history, fsdp_history, check_exact=True)
+    assert same(weights_of(resumed.net), weights_of(fsdp.net))
+
+
+# -- 9. DDP and a parameter the forward pass does not use ------------------------------------------
+
+
+class WithSpareHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+        self.spare_head = nn.Linear(32, 2)  # defined, not used by forward
+
+    def forward(self, x):
+        return self.body(x)
+
+
+@pytest.mark.slow
+def test_ddp_names_a_parameter_unused_in_the_forward_pass_before_training_and_takes_the_option(digits):
+    net = WithSpareHead()
+    model = kt.KerasModel(net, nn.CrossEntropyLoss(), {}, torch.optim.Adam(net.parameters(), lr=1e-2))
+    before = weights_of(net)
+    with pytest.raises(ValueError, match=r"spare_head\.weight.*DDP\(find_unused_parameters=True\)"):
+        model.fit(*digits, epochs=2, verbose=0, accelerator="cpu", devices=2)
+    assert same(weights_of(net), before)
+    strategy = kt.strategies.DDP(find_unused_parameters=True)
+    history = model.fit(*digits, epochs=2, verbose=0, accelerator="cpu", devices=2, strategy=strategy)
+    assert len(history) == 2 and history["val_loss"].iloc[-1] < history["val_loss"].iloc[0]
+    assert torch.equal(net.spare_head.weight, before["spare_head.weight"])  # unused: never changed
+
+
+def test_ddp_refuses_a_loss_with_parameters_before_starting_processes(digits):
+    model = model_with_learned_loss(nn.Sequential(nn.Linear(64, 10)))
+    with pytest.raises(ValueError, match=r"log_temperature.*not parameters of the net.*devices=1"):
+        model.fit(*digits, epochs=1, verbose=0, accelerator="cpu", devices=2)
+
+
+# -- 16. FSDP and tied weights, FSDP and EMA ----------------------------------------------------
+
+
+class Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.layer = nn.Linear(width, width)
+
+    def forward(self, x):
+        return x + torch.relu(self.layer(x))
+
+
+class TiedLanguageModel(nn.Module):
+    """Embedding and output layer share one weight, as in GPT-2."""
+
+    def __init__(self, vocabulary=20, width=16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(vocabulary, width)
+        self.blocks = nn.Sequential(Block(width), Block(width))
+        self.head = nn.Linear(width, vocabulary, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        return self.head(self.blocks(self.embed(tokens)))
+
+
+def tokens(n=192, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 20, (n,), generator=g)
+    return x, (x + 1) % 20  # predict the next token
+
+
+def test_fsdp_refuses_tied_weights_split_over_shards_naming_them_and_the_wrap_option():
+    net = TiedLanguageModel()
+    model = kt.KerasModel(net, nn.CrossEntropyLoss(), {}, torch.optim.Adam(net.parameters(), lr=1e-2))
+    with pytest.raises(ValueError, match=r"(?s)embed\.weight.*head\.weight.*FSDP\(wrap=\[Block\]\)"):
+        model.fit(*tokens(), epochs=1, verbose=0, accelerator="cpu", devices=2, strategy="fsdp")
+
+
+@pytest.mark.slow
+def test_fsdp_trains_tied_weights_with_the_wrap_its_message_suggests():
+    net = TiedLanguageModel()
+    model = kt.KerasModel(net, nn.CrossEntropyLoss(), {}, torch.optim.Adam(net.parameters(), lr=1e-2))
+    strategy = kt.strategies.FSDP(wrap=[Block])
+    x, y = tokens()
+    history = model.fit(x, y, validation_data=tokens(seed=1), epochs=2, verbose=0, accelerator="cpu", devices=2,
+                        strategy=strategy)  # fmt: skip
+    assert len(history) == 2 and net.head.weight is net.embed.weight  # still tied in the returned net
+
+
+@pytest.mark.slow
+def test_ema_with_fsdp_is_refused_by_name_before_training(digits):
+    model = digits_model()
+    before = weights_of(model.net)
+    with pytest.raises(ValueError, match=r"EMA keeps a whole copy of the net.*strategy='ddp'"):
+        model.fit(*digits, epochs=1, verbose=0, accelerator="cpu", devices=2, strategy="fsdp",
+                  callbacks=[kt.callbacks.EMA(0.9)])  # fmt: skip
+    assert same(weights_of(model.net), before)
+
+
+# -- 19. an IterableDataset for validation over two processes: every sample once ---------------------
+
+
+class Stream(IterableDataset):
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __iter__(self):
+        return iter(self.dataset)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_an_iterable_validation_set_over_two_processes_counts_every_sample_once(digits8, strategy):
+    train, val = digits_for_processes(digits8)
+    stream = DataLoader(Stream(Subset(digits8[1], range(101))), batch_size=16)
+    model = digits_model()
+    history = model.fit(train, stream, epochs=2, patience=None, verbose=0, accelerator="cpu", devices=2,
+                        strategy=strategy)  # fmt: skip
+    best = history.loc[history["val_loss"].idxmin()]
+    scores = model.evaluate(val, quiet=True)  # one process, the map-style copy of the same 101 samples
+    assert scores["val_loss"] == pytest.approx(best["val_loss"], rel=1e-6)
+    assert scores["val_acc"] == pytest.approx(best["val_acc"], rel=1e-6)
+    assert round(best["val_acc"] * 101) == pytest.approx(best["val_acc"] * 101, abs=1e-4)  # whole samples
+
+
+# -- 10. lr_find before fit, with persistent DataLoader workers ---------------------------------------
+
+
+class Jittered(torch.utils.data.Dataset):
+    """Samples with random noise drawn in the loader's worker (an augmentation)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        x, y = self.dataset[index]
+        return x + 0.1 * torch.randn_like(x), y
+
+
+@pytest.mark.slow
+def test_lr_find_before_fit_with_persistent_workers_changes_nothing(digits8):
+    def run(find_first):
+        torch.manual_seed(0)
+        train = DataLoader(Jittered(digits8[0]), batch_size=128, shuffle=True, num_workers=1, persistent_workers=True)
+        model = digits_model()
+        if find_first:
+            model.lr_find(train, num_steps=20)
+        return model.fit(train, epochs=2, verbose=0)
+
+    pd.testing.assert_frame_equal(run(find_first=True), run(find_first=False), check_exact=True)
+
+
+# -- 7. the fixes kerastorch's own messages suggest, each accepted ----------------------------------
+
+
+def small_model(outputs=3, loss_fn=None, batch_norm=False):
+    torch.manual_seed(0)
+    layers = [nn.Linear(2, 8), *([nn.BatchNorm1d(8)] if batch_norm else []), nn.ReLU(), nn.Linear(8, outputs)]
+    net = nn.Sequential(*layers)
+    return kt.KerasModel(net, loss_fn or nn.CrossEntropyLoss(), {}, torch.optim.SGD(net.parameters(), lr=0.1))
+
+
+class Endless(IterableDataset):
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __iter__(self):
+        while True:
+            yield from zip(self.x, self.y)
+
+
+def suggestion_cases():
+    x, y = blobs(n=21)
+    strings = np.array(["cat", "dog", "owl"])[y.numpy()]
+    binary = (y == 1).long()
+    # (what the user did, the message's words, what it suggests)
+    return {
+        "string labels -> pandas.factorize": (
+            lambda: small_model().fit(x.numpy(), strings, epochs=1, verbose=0),
+            r"pandas\.factorize\(y\)",
+            lambda: small_model().fit(x.numpy(), pd.factorize(strings)[0], epochs=1, verbose=0),
+        ),
+        "integer labels for BCE -> y.float().reshape(-1, 1)": (
+            lambda: small_model(1, nn.BCEWithLogitsLoss()).fit(x, binary, epochs=1, verbose=0),
+            r"y\.float\(\) \(and y\.reshape\(-1, 1\)",
+            lambda: small_model(1, nn.BCEWithLogitsLoss()).fit(x, binary.float().reshape(-1, 1), epochs=1, verbose=0),
+        ),
+        "MSE labels that broadcast -> y.reshape(-1, 1)": (
+            lambda: small_model(1, nn.MSELoss()).fit(x, y.float(), epochs=1, verbose=0),
+            r"y = y\.reshape\(-1, 1\)",
+            lambda: small_model(1, nn.MSELoss()).fit(x, y.float().reshape(-1, 1), epochs=1, verbose=0),
+        ),
+        "a one-sample last batch under BatchNorm -> the batch_size it names": (
+            lambda: small_model(batch_norm=True).fit(x, y, batch_size=4, epochs=1, verbose=0),
+            r"another batch_size \(e\.g\. (\d+)\)",
+            "batch_size",
+        ),
+        "float64 inputs -> X.float() or precision='64-true'": (
+            lambda: small_model().fit(DataLoader(TensorDataset(x.double(), y), batch_size=8), epochs=1, verbose=0),
+            r"X\.float\(\).*precision='64-true'",
+            lambda: (
+                small_model().fit(DataLoader(TensorDataset(x.double().float(), y), batch_size=8), epochs=1, verbose=0),
+                small_model().fit(
+                    DataLoader(TensorDataset(x.double(), y), batch_size=8), epochs=1, verbose=0, precision="64-true"
+                ),
+            ),
+        ),
+        "a one-shot iterator -> an IterableDataset with steps_per_epoch": (
+            lambda: small_model().fit(iter([(x, y)]), epochs=1, verbose=0),
+            r"IterableDataset and pass steps_per_epoch",
+            lambda: small_model().fit(DataLoader(Endless(x, y), batch_size=8), steps_per_epoch=3, epochs=2, verbose=0),
+        ),
+        "sample_weight beside a DataLoader -> a dict batch with 'sample_weight'": (
+            lambda: small_model().fit(DataLoader(TensorDataset(x, y), batch_size=8), sample_weight=np.ones(21)),
+            r"dict with a 'sample_weight' key",
+            lambda: small_model().fit(
+                [{"input": x[:8], "labels": y[:8], "sample_weight": torch.ones(8)}], epochs=1, verbose=0
+            ),
+        ),
+        "a bare second array -> validation_data=(X_val, y_val)": (
+            lambda: small_model().fit(x[:15], x[15:], epochs=1, verbose=0),  # the second array read as y
+            r"validation_data=\(X_val, y_val\)",
+            lambda: small_model().fit(x[:15], y[:15], validation_data=(x[15:], y[15:]), epochs=1, verbose=0),
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", list(suggestion_cases()))
+def test_what_a_message_suggests_is_accepted(case):
+    wrong, says, suggested = suggestion_cases()[case]
+    with pytest.raises((TypeError, ValueError, RuntimeError), match=says) as caught:
+        wrong()
+    if suggested == "batch_size":  # the number the message names
+        import re
+
+        size = int(re.search(says, str(caught.value)).group(1))
+        x, y = blobs(n=21)
+        suggested = lambda: small_model(batch_norm=True).fit(x, y, batch_size=size, epochs=1, verbose=0)
+    suggested()  # trains without an error
+
+
+def test_the_doctors_fixes_for_a_rising_loss_and_a_rare_positive_class_are_accepted():
+    x, y = blobs(n=300, classes=2)
+    y = y.float().reshape(-1, 1)
+    model = small_model(1, nn.BCEWithLogitsLoss(pos_weight=torch.tensor([3.0])))
+    history = model.fit(x, y, epochs=2, verbose=0, gradient_clip_val=1.0)
+    assert len(history) == 2 and math.isfinite(history["train_loss"].iloc[-1])

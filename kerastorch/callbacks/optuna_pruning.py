@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Optional
 
 from .base import ORDER_PRUNING, Callback
@@ -27,8 +28,9 @@ class OptunaPruning(Callback):
     A pruned run stops like an early stop — every process together, the best weights
     restored, every file whole — and then ``fit`` raises ``optuna.TrialPruned``, which
     Optuna's ``study.optimize`` records as a pruned trial (``model.history`` holds the
-    epochs that ran). A fit over several processes (``devices=2``) is refused before training:
-    the workers' reports would never reach the study.
+    epochs that ran). Only the main process reports. ``fit(devices=k)`` from the process that
+    made the callback is refused before training: its forked workers' reports would never reach
+    the study (under ``torchrun`` each rank makes its own, and the main one reports).
 
     Example::
 
@@ -50,20 +52,20 @@ class OptunaPruning(Callback):
         self.trial = trial
         self.monitor = monitor
         self.pruned_at: Optional[int] = None
+        self.trial_process = os.getpid()  # where the trial lives: reports from elsewhere are lost
 
     def on_train_begin(self, logs=None):
         self.pruned_at = None
-        runtime = self.model.runtime
-        processes = runtime.num_processes if runtime is not None else 1
-        if processes > 1:
-            # The trial lives in the process that called study.optimize; the workers hold copies of
-            # it, so the values they report and their "pruned" never reach the study.
+        if os.getpid() != self.trial_process:
+            # fit(devices=k) forked this process from the one that holds the trial: what it reports
+            # and its "pruned" stay in this copy and never reach the study.
+            processes = self.model.runtime.num_processes
             raise ValueError(
-                f"OptunaPruning reports to the trial of this process, but this fit trains in {processes} processes "
-                f"(devices={processes}), whose reports would never reach the study: the trial would end PRUNED "
-                "with nothing reported. Train each trial with devices=1, and run trials side by side instead: "
-                "study.optimize(objective, n_trials=..., n_jobs=2), or several processes sharing a study on a "
-                "database storage."
+                f"OptunaPruning reports to the trial of the process that made it, but this fit trains in {processes} "
+                f"processes forked from it (devices={processes}), whose reports would never reach the study: the "
+                "trial would end PRUNED with nothing reported. Train each trial with devices=1 and run trials side "
+                "by side instead (study.optimize(objective, n_trials=..., n_jobs=2), or several processes sharing a "
+                "study on a database storage), or start the script with torchrun and make the callback in it."
             )
         names = self.params.get("metrics")
         if self.monitor is not None and names is not None and self.monitor not in names:
