@@ -747,13 +747,14 @@ class Jittered(torch.utils.data.Dataset):
 
 
 @pytest.mark.slow
-def test_lr_find_before_fit_with_persistent_workers_changes_nothing(digits8):
+def test_lr_find_and_doctor_before_fit_with_persistent_workers_change_nothing(digits8):
     def run(find_first):
         torch.manual_seed(0)
         train = DataLoader(Jittered(digits8[0]), batch_size=128, shuffle=True, num_workers=1, persistent_workers=True)
         model = digits_model()
         if find_first:
             model.lr_find(train, num_steps=20)
+            model.doctor(train)
         return model.fit(train, epochs=2, verbose=0)
 
     pd.testing.assert_frame_equal(run(find_first=True), run(find_first=False), check_exact=True)
