@@ -30,6 +30,7 @@ from .compat.arguments import verbose_from_quiet
 from .compat.callbacks import as_callback
 from .compat.runners import program_runners
 from .data.forms import FitData, keras_positional
+from .data.sample_weights import check_sample_weight
 from .devices.words import parse_accelerator_word, parse_precision
 from .files.weights import check_writable
 from .settings import (
@@ -98,6 +99,7 @@ def fit_arguments(
     check_whole_number("epochs", epochs, minimum=0)
     check_weighted_metrics(weighted_metrics, model.metrics_dict)
     has_val = data.val is not None or bool(validation_split)
+    check_validation_freq(validation_freq, epochs, has_val)
     metric_names = [*model.metrics_dict, *(weighted_metrics or {})]
     monitoring = monitor_arguments(
         model, monitor, mode, min_delta, patience, ckpt_path, resume, has_val, metric_names, weighted_metrics
@@ -204,6 +206,7 @@ def fit_data(train: Any, val: Any, x: Any, y: Any, validation_data: Any, sample_
     train = one_of("train_data", train, "x", x)
     y, val = keras_positional(train, val, y)
     val = one_of("val_data", val, "validation_data", validation_data)
+    check_sample_weight(sample_weight)
     return FitData(train, val, y, sample_weight)
 
 
@@ -377,6 +380,17 @@ def check_resume(resume: Any, ckpt_path: Any) -> None:
     if os.path.isdir(state_path):
         raise ValueError(
             f"The training state goes to {state_path!r}, which is a folder. Move it away, or choose another ckpt_path."
+        )
+
+
+def check_validation_freq(validation_freq: int, epochs: int, has_val: bool) -> None:
+    """Validation data that no epoch would validate: no val_loss, no best weights, no ckpt_path file."""
+    if has_val and 0 < epochs < validation_freq:
+        raise ValueError(
+            f"validation_freq={validation_freq} with epochs={epochs}: no epoch is validated (validation runs "
+            f"after epochs {validation_freq}, {2 * validation_freq}, ...), so the run would have no val_loss, no "
+            "best weights and nothing to write to ckpt_path. Pass validation_freq <= epochs (validation_freq=1 "
+            "validates every epoch), or more epochs."
         )
 
 

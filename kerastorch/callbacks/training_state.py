@@ -36,6 +36,8 @@ import os
 import warnings
 from typing import Any, Iterable, Optional
 
+import torch
+
 from ..files.state import load_state_file, save_state_file, to_plain
 from ..strategies import strategy_of, unwrap
 from ..training.rng import capture_rng_state, restore_rng_state
@@ -122,6 +124,7 @@ class TrainingState(Callback):
             "stopped": bool(model.stop_training),
             "history": [dict(row) for row in self.history],
             "net": strategy.whole_weights(model.net),
+            "loss_fn": loss_state(model),
             "optimizer_type": type(optimizer).__name__,
             "optimizer_param_shapes": _param_shapes(optimizer),
             "optimizer": strategy.whole_optimizer_state(optimizer),
@@ -137,6 +140,7 @@ class TrainingState(Callback):
         """Put a checked state back: weights, optimizer, scheduler, scaler, callbacks, history, RNG."""
         model, strategy = self.model, strategy_of(self.model)
         strategy.load_whole_weights(model.net, state["net"])
+        load_loss_state(model, state.get("loss_fn"))
         strategy.load_whole_optimizer_state(model.optimizer, state["optimizer"])
         if model.lr_scheduler is not None:
             model.lr_scheduler.load_state_dict(state["lr_scheduler"])
@@ -297,6 +301,31 @@ def remove_stale_temporary_files(path: str) -> None:
             os.remove(stale)
         except OSError:
             pass
+
+
+# -- a loss that is a module: its learned parameters and buffers ----------------------------------
+
+
+def loss_state(model: Any) -> Optional[dict]:
+    """The loss's parameters and buffers (a learned temperature, a running count), or None for a
+    loss that keeps nothing: its optimizer moments are in the optimizer's state already."""
+    loss_fn = model.loss_fn
+    if not isinstance(loss_fn, torch.nn.Module):
+        return None
+    state = {k: v.detach().to("cpu", copy=True) for k, v in loss_fn.state_dict().items()}
+    return state or None
+
+
+def load_loss_state(model: Any, state: Optional[dict]) -> None:
+    """Put back what :func:`loss_state` saved; a loss that keeps nothing has nothing to load."""
+    if state is None:
+        return
+    if not isinstance(model.loss_fn, torch.nn.Module):
+        raise ValueError(
+            f"The training state holds the state of a loss module ({', '.join(state)}), but this model's loss_fn "
+            f"is a {type(model.loss_fn).__name__}. Resume with the same loss, or pass resume=False to start fresh."
+        )
+    model.loss_fn.load_state_dict(state)
 
 
 def _grad_scaler(model: Any) -> Any:

@@ -34,7 +34,8 @@ def is_array_group(obj: Any) -> bool:
 
 def as_tensor(array: Any, name: str, keep_float64: bool = False) -> torch.Tensor:
     """A tensor from a tensor, NumPy array or pandas object: floating NumPy data as float32
-    (as Keras does; float64 kept with ``precision="64-true"``), integers as int64."""
+    (as Keras does; float64 kept with ``precision="64-true"``), integers as int64, booleans
+    (``pd.get_dummies``' columns) as float32 0/1."""
     if isinstance(array, torch.Tensor):
         return array
     if isinstance(array, (pd.Series, pd.DataFrame)):
@@ -45,8 +46,10 @@ def as_tensor(array: Any, name: str, keep_float64: bool = False) -> torch.Tensor
                     f"{name} has columns that are not numbers: {bad}. Encode them first (e.g. "
                     "pd.get_dummies(df) or df['col'].astype('category').cat.codes), or drop them."
                 )
-        array = array.to_numpy()
+        array = pandas_numbers(array)
     array = np.asarray(array)
+    if array.dtype.kind == "b":
+        array = array.astype(np.float32)
     if array.dtype.kind in "OUSVM":
         hint = (
             "map the labels to integers first: y, classes = pandas.factorize(y)"
@@ -59,6 +62,28 @@ def as_tensor(array: Any, name: str, keep_float64: bool = False) -> torch.Tensor
     elif array.dtype.kind in "iu":
         array = array.astype(np.int64)
     return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def pandas_numbers(data: Union[pd.Series, pd.DataFrame]) -> np.ndarray:
+    """A pandas object's numbers as one NumPy array. Each column counts by its NumPy type: pandas'
+    nullable ``Int64`` / ``Float32`` / ``boolean`` by theirs (a missing value makes a column float,
+    with NaN), bool (``pd.get_dummies``) as float32; mixed columns meet in a type that holds them all."""
+    columns = [data] if isinstance(data, pd.Series) else [data[c] for c in data.columns]
+    dtypes = [_numpy_type(column) for column in columns]
+    # A copy: under copy-on-write pandas hands out read-only views, which torch will not share.
+    return data.to_numpy(dtype=np.result_type(*dtypes) if dtypes else None, na_value=np.nan, copy=True)
+
+
+def _numpy_type(column: pd.Series) -> np.dtype:
+    dtype = column.dtype
+    if dtype.kind in "OUSVM":
+        return np.dtype(object)  # text, categories, dates: refused by the caller with what to do
+    if dtype.kind == "b":
+        return np.dtype(np.float32)
+    numpy_dtype = getattr(dtype, "numpy_dtype", dtype)  # a nullable type's NumPy counterpart
+    if numpy_dtype.kind in "iu" and bool(column.isna().any()):
+        return np.dtype(np.float64)  # a missing integer is a NaN: only floats hold one
+    return np.dtype(numpy_dtype)
 
 
 class ArrayDataset(Dataset):

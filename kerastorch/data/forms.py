@@ -18,9 +18,11 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Any, ClassVar, Optional
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, Subset
 
@@ -182,6 +184,13 @@ def adapt(data: Any, name: str, **options: Any) -> DataForm:
     """The adapter for ``data`` (see :data:`FORMS`), with the options of :class:`DataForm`."""
     if data is None:
         raise ValueError("fit needs training data: fit(X, y), fit((X, y)), fit(dataset) or fit(dataloader).")
+    if is_number_list(data) or (isinstance(data, list) and data and all(is_number_list(row) for row in data[:100])):
+        what = "numbers" if is_number_list(data) else "rows"
+        raise TypeError(
+            f"{name} is a list of {len(data)} {what}; kerastorch takes the samples as one array (a Python list "
+            f"is read as batches). Pass np.asarray({name}) or torch.tensor({name}), with the labels beside it: "
+            "fit(np.asarray(rows), y)."
+        )
     form = next(form for form in FORMS if form.accepts(data))
     return form(data, name, **options)
 
@@ -207,7 +216,11 @@ def check_loader(data: Any, name: str) -> None:
 def keras_positional(train: Any, val: Any, y: Any) -> tuple[Any, Any]:
     """``fit(X, y)``: a bare array in ``val_data``'s place is the labels, never validation data
     (a bare array has no labels). Returns ``(y, val)``."""
-    if y is None and is_array(val) and (is_array(train) or (is_array_group(train) and not isinstance(train, Mapping))):
+    if (
+        y is None
+        and (is_array(val) or is_number_list(val))
+        and (is_array(train) or (is_array_group(train) and not isinstance(train, Mapping)))
+    ):
         samples = len(train) if is_array(train) else len(train[0])
         if len(val) != samples:
             raise ValueError(
@@ -216,6 +229,15 @@ def keras_positional(train: Any, val: Any, y: Any) -> tuple[Any, Any]:
             )
         return val, None
     return y, val
+
+
+def is_number_list(obj: Any) -> bool:
+    """A Python list or tuple of plain numbers (``y.tolist()``): labels, or one row."""
+    return (
+        isinstance(obj, (list, tuple))
+        and len(obj) > 0
+        and all(isinstance(v, (numbers.Number, np.generic)) and not isinstance(v, np.ndarray) for v in obj)
+    )
 
 
 def prepare_data(

@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from .batches import WeightedSample, split_sample_weight, unpack
@@ -74,6 +75,42 @@ def weighted_loss(loss_fn: Any, preds: Any, labels: Any, weight: torch.Tensor) -
     return (losses * weight).mean()
 
 
+def check_sample_weight(sample_weight: Any) -> None:
+    """``fit(sample_weight=...)``'s values: numbers, none negative, NaN or infinite, not all 0 (a loss of 0
+    that trains nothing). Weights inside the user's own batches are read only as they come."""
+    if sample_weight is None:
+        return
+    if isinstance(sample_weight, torch.Tensor):
+        sample_weight = sample_weight.detach().cpu().double().numpy()
+    try:
+        values = np.asarray(sample_weight, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"sample_weight is a {type(sample_weight).__name__} that is not numbers; give one number per sample, "
+            "e.g. sample_weight=np.ones(len(y))."
+        ) from None
+    how = "0 leaves a sample out, 1 counts it once, 2 twice"
+    if not np.isfinite(values).all():
+        bad = int((~np.isfinite(values)).sum())
+        kind = "NaN" if np.isnan(values).any() else "infinite"
+        raise ValueError(
+            f"sample_weight holds {bad} {kind} value(s); every sample needs a weight ({how}). Fill them, e.g. "
+            "np.nan_to_num(w, nan=1.0)."
+        )
+    negative = values < 0
+    if negative.any():
+        raise ValueError(
+            f"sample_weight holds {int(negative.sum())} negative value(s) (the smallest {values.min():g}); a "
+            f"weight is >= 0 ({how}): a negative one would push the net away from those samples' labels."
+        )
+    if values.size and not values.any():
+        raise ValueError(
+            "sample_weight is 0 for every sample: every sample's loss counts 0, so the loss is 0 and nothing "
+            "would be learned. Give the samples to learn from positive weights (1.0 is unweighted), or leave "
+            "sample_weight out."
+        )
+
+
 def class_weight_table(class_weight: Any, labels: torch.Tensor) -> torch.Tensor:
     """A tensor ``table[c]`` = the weight of class c, from a dict ``{class: weight}`` or ``"balanced"``.
 
@@ -85,9 +122,14 @@ def class_weight_table(class_weight: Any, labels: torch.Tensor) -> torch.Tensor:
     [1.0, 3.0, 1.0]
     >>> class_weight_table("balanced", torch.tensor([0, 1, 1, 1])).tolist()
     [2.0, 0.6666666865348816]
+    >>> class_weight_table("balanced", torch.tensor([[0.0], [1.0], [1.0], [1.0]])).tolist()  # BCE's labels
+    [2.0, 0.6666666865348816]
     """
+    check_one_label_per_sample(labels)
     labels = labels.reshape(-1)
-    if labels.is_floating_point() or labels.dtype == torch.bool:
+    if labels.dtype == torch.bool or (labels.is_floating_point() and bool(((labels == 0) | (labels == 1)).all())):
+        labels = labels.long()  # binary labels as a BCE loss takes them: 0.0 and 1.0 are classes 0 and 1
+    if labels.is_floating_point():
         raise ValueError(
             f"class_weight needs integer class labels, but the labels are {str(labels.dtype).replace('torch.', '')} "
             "(a regression target?). For per-sample weights of a regression use sample_weight=..."
@@ -120,7 +162,24 @@ def class_weight_table(class_weight: Any, labels: torch.Tensor) -> torch.Tensor:
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
             raise ValueError(f"class_weight[{cls!r}]={value!r}; a class weight is a number >= 0.")
         table[int(cls)] = float(value)
+    if not bool(table[present].any()):
+        raise ValueError(
+            f"class_weight={class_weight!r}: every class weight is 0, so every sample's loss counts 0 and "
+            "nothing would be learned. Give the classes positive weights (1.0 is unweighted), or leave "
+            "class_weight out."
+        )
     return table
+
+
+def check_one_label_per_sample(labels: torch.Tensor) -> None:
+    """class_weight weighs each sample by its one class: multi-label targets have no such class."""
+    if labels.dim() >= 2 and labels[0].numel() > 1:
+        raise ValueError(
+            f"class_weight weighs each sample by its class, so it needs one label per sample, but the labels "
+            f"have shape {tuple(labels.shape)} (multi-label targets?). Weight the rare tags in the loss instead: "
+            "nn.BCEWithLogitsLoss(pos_weight=torch.tensor([...])), one weight per tag; or per sample with "
+            "sample_weight=..."
+        )
 
 
 class ClassWeighted:
@@ -135,6 +194,7 @@ class ClassWeighted:
         for batch in self.loader:
             plain, weight = split_sample_weight(batch)
             labels = unpack(plain).labels
+            check_one_label_per_sample(labels)
             class_weight = self.table.to(labels.device)[labels.reshape(-1).long()]
             yield WeightedSample(plain, class_weight if weight is None else weight.reshape(-1) * class_weight)
 
@@ -142,4 +202,4 @@ class ClassWeighted:
         return len(self.loader)
 
 
-__all__ = ["ClassWeighted", "check_weighted_loss", "class_weight_table", "weighted_loss"]
+__all__ = ["ClassWeighted", "check_sample_weight", "check_weighted_loss", "class_weight_table", "weighted_loss"]

@@ -245,6 +245,7 @@ def train_with_callbacks(
             f"{settings.epochs} rows (the weights are the best of all {len(rows)})."
         )
         del rows[settings.epochs :]
+    ended = "failed"  # how fit ended, for on_train_end (params["ended"]): until the loop returns or is interrupted
     try:
         if not model.stop_training:  # a resumed run that had already stopped early stays stopped
             fit_loop(
@@ -259,7 +260,9 @@ def train_with_callbacks(
                 first_epoch=rows[-1]["epoch"] + 1 if rows else 1,
                 validation_freq=settings.data.validation_freq,
             )
+        ended = "finished"
     except KeyboardInterrupt:
+        ended = "interrupted"
         restored = "the best weights restored" if rows else "the weights from before training restored"
         model.print(
             f"Interrupted during epoch {len(rows) + 1}: returning the history of the {len(rows)} "
@@ -268,6 +271,7 @@ def train_with_callbacks(
     finally:
         model.fit_step = None
         model.history = history_frame(rows, ["epoch", *columns] if columns is not None else None)
+        callbacks.params["ended"] = ended
         callbacks.call("on_train_end", rows[-1] if rows else {})
     return model.history
 
