@@ -94,6 +94,7 @@ ORDER_BEST_WEIGHTS = -20
 ORDER_EARLY_STOPPING = -10
 ORDER_DISPLAY = -5  # the live plot and experiment loggers fit adds from plot= and wandb=
 ORDER_TRAINING_STATE = 90  # after every callback whose state it keeps
+ORDER_RAY_REPORT = 95  # inside Ray Train: reports the epoch once its training state is written
 ORDER_PROGRESS = 100  # drawn last, once every other callback has spoken
 ORDER_PRUNING = 110  # a pruned trial raises only after every other callback has finished
 

@@ -38,6 +38,7 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from ..devices.main_process import read_on_main_process
 from ..files.state import load_state_file, save_state_file, to_plain
 from ..strategies import strategy_of, unwrap
 from ..training.rng import capture_rng_state, restore_rng_state
@@ -92,8 +93,8 @@ class TrainingState(Callback):
         self.check_serializable()
         if self.resume:
             warn_if_workers_keep_their_rng(self.loaders)
-        if self.resume and os.path.exists(self.path):
-            state = load_state_file(self.path)
+        state = read_on_main_process(self.path, load_state_file) if self.resume else None  # rank 0's file, for all
+        if state is not None:
             check_state_fits(state, self.model, self.path)
             check_same_monitors(state, self.callbacks, self.path)
             check_same_metrics(state, self.params.get("metrics"), self.path)

@@ -8,8 +8,8 @@ the plan: in this process (:func:`fit_here`), or in k forked workers that each r
 (:mod:`kerastorch.strategies`) prepares the net and the loaders for each process.
 
 fit's own behaviours — the NaN guard, the best weights, early stopping, the live plot,
-Weights & Biases, the training state and the progress bar — are callbacks, chosen
-from the settings in :func:`callbacks_for_fit`.
+Weights & Biases, the training state, the reports to Ray Train (inside its workers) and the
+progress bar — are callbacks, chosen from the settings in :func:`callbacks_for_fit`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from ..callbacks.callback_list import CallbackList
 from ..callbacks.early_stopping import EarlyStopping, early_stoppings_in
 from ..callbacks.live_plot import LivePlot
 from ..callbacks.progress import ProgressBar
+from ..callbacks.ray_report import ray_train_report
 from ..callbacks.terminate_on_nan import TerminateOnNaN
 from ..callbacks.training_state import TrainingState, resumed_history, training_state_path
 from ..callbacks.wandb_logger import WandbLogger
@@ -311,6 +312,10 @@ def callbacks_for_fit(
         chosen.append(
             TrainingState(training_state_path(watch.ckpt_path), list(chosen), (train_loader, val_loader), verbose=says)
         )
+    runtime = model.runtime
+    if runtime is not None and runtime.cluster.name == "ray":  # a Ray Train worker: report each epoch to Ray
+        kept_files = [training_state_path(watch.ckpt_path)] if watch.resume and watch.ckpt_path else []
+        chosen.append(ray_train_report(watch.ckpt_path, kept_files, runtime.is_main_process))
     chosen.append(ProgressBar(verbose=output.verbose))
     params = {
         "epochs": settings.epochs,
