@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 nbformat = pytest.importorskip("nbformat")
-pytest.importorskip("nbclient")
+nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
 pytestmark = pytest.mark.slow  # each notebook runs in a fresh Jupyter kernel
@@ -146,3 +146,20 @@ def test_callbacks_tutorial_writes_its_files_in_a_fresh_folder_so_it_can_run_twi
     assert "os.chdir(tempfile.mkdtemp(" in first_code.source
     writes_files = [cell for cell in notebook.cells if cell.cell_type == "code" and "ckpt_path=" in cell.source]
     assert writes_files and notebook.cells.index(first_code) < notebook.cells.index(writes_files[0])
+
+
+def test_kerastorch_itself_gives_no_iprogress_warning_in_a_kernel_without_ipywidgets():
+    # The test environment has ipywidgets (with transformers installed, torchmetrics imports
+    # huggingface_hub, whose tqdm.auto warns in a kernel without it: not kerastorch's doing).
+    # Here the kernel cannot import ipywidgets, and kerastorch, imported first, must stay quiet.
+    cells = [
+        "import sys\nsys.modules['ipywidgets'] = None  # as in a kernel without ipywidgets",
+        "import kerastorch as kt\nimport torch\nfrom torch import nn",
+        "net = nn.Linear(4, 2)\nX, y = torch.randn(64, 4), torch.randint(0, 2, (64,))\n"
+        "model = kt.KerasModel(net, nn.CrossEntropyLoss())\nmodel.fit(X, y, epochs=2)\nmodel.predict(X).shape",
+    ]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+    nbclient.NotebookClient(notebook, timeout=120, kernel_name="python3").execute()
+    stderr = "".join(printed(cell, "stderr") for cell in notebook.cells)
+    assert "IProgress" not in stderr and "TqdmWarning" not in stderr
+    assert "Epoch 2/2" in "".join(str(output) for cell in notebook.cells for output in outputs_of(cell))
