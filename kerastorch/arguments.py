@@ -112,6 +112,12 @@ def fit_arguments(
     check_initial_epoch(initial_epoch, epochs, resume)
     check_weighted_metrics(weighted_metrics, model.metrics_dict)
     has_val = data.val is not None or bool(validation_split)
+    for name, value in (("validation_steps", validation_steps), ("validation_batch_size", validation_batch_size)):
+        if value is not None and not has_val:
+            raise ValueError(
+                f"{name}={value} applies to validation data, and there is none: pass validation_data=(X_val, y_val) "
+                f"or validation_split=0.2, or drop {name}."
+            )
     metric_names = [*model.metrics_dict, *(weighted_metrics or {})]
     monitoring = monitor_arguments(
         model, monitor, mode, min_delta, patience, ckpt_path, resume, has_val, metric_names, weighted_metrics

@@ -31,7 +31,10 @@ def is_array_group(obj: Any) -> bool:
     ``[X1, X2]`` or a dict of arrays. Only the first item of a tuple or list may itself be a group
     (the inputs of a net with several: Keras's ``((X1, X2), y)``)."""
     if isinstance(obj, (tuple, list)) and not isinstance(obj, (WeightedSample, Inputs)):
-        return len(obj) >= 1 and (is_array(obj[0]) or is_flat_group(obj[0])) and all(is_array(o) for o in obj[1:])
+        if not obj:
+            return False
+        first_is_inputs = is_array(obj[0]) if len(obj) == 1 else is_array(obj[0]) or is_flat_group(obj[0])
+        return first_is_inputs and all(is_array(o) for o in obj[1:])
     return is_flat_group(obj)
 
 

@@ -311,8 +311,12 @@ def prepare_data(
     train_loader = train.loader(batch_size, shuffle=shuffle, pin_memory=pin_memory, steps=steps_per_epoch)
     if val is None:
         return train_loader, None
-    # A validation loader the user made keeps its own batches, whatever batch_size says (validation_batch_size,
-    # asked for the validation data alone, is refused for it).
+    if validation_batch_size is not None and not val.builds_batches:
+        raise ValueError(
+            f"validation_batch_size={validation_batch_size}, but val_data is a {type(val.data).__name__}, which already "
+            "makes its batches. Drop validation_batch_size=, or pass the validation arrays or Dataset instead."
+        )
+    # A validation loader the user made keeps its own batches, whatever batch_size says.
     val_batch_size = validation_batch_size or (batch_size if val.builds_batches else None)
     return train_loader, val.loader(val_batch_size, shuffle=False, pin_memory=pin_memory, steps=validation_steps)
 
