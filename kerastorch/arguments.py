@@ -168,7 +168,7 @@ def evaluate_arguments(
             "evaluate needs data: evaluate(X, y), evaluate((X, y)), evaluate(dataset) or evaluate(loader)."
         )
     settings = EvaluateSettings(
-        batch_size=data_arguments(batch_size).batch_size,
+        batch_size=batch_size_argument("batch_size", batch_size),
         verbose=verbose_argument(verbose, quiet),
         steps=steps_argument("steps", steps),
         callbacks=callback_arguments(callbacks),
@@ -192,7 +192,7 @@ def predict_arguments(
     if data is None:
         raise ValueError("predict needs data: predict(X), predict([X1, X2]), predict(dataset) or predict(loader).")
     settings = PredictSettings(
-        batch_size=data_arguments(batch_size).batch_size,
+        batch_size=batch_size_argument("batch_size", batch_size),
         verbose=verbose_argument(verbose, None),
         steps=steps_argument("steps", steps),
         callbacks=callback_arguments(callbacks),
@@ -304,9 +304,8 @@ def data_arguments(
     validation_batch_size: Any = None,
 ) -> DataSettings:
     """Keras's words for how arrays and Datasets become batches, and how long an epoch is."""
-    for name, size in (("batch_size", batch_size), ("validation_batch_size", validation_batch_size)):
-        if size is not None and (not isinstance(size, int) or size < 1 or isinstance(size, bool)):
-            raise ValueError(f"{name}={size!r}; use a whole number of samples >= 1, e.g. 32.")
+    batch_size_argument("batch_size", batch_size)
+    batch_size_argument("validation_batch_size", validation_batch_size)
     check_flag("shuffle", shuffle, error=TypeError)
     if (
         not isinstance(validation_split, (int, float))
@@ -329,6 +328,13 @@ def data_arguments(
         validation_steps,
         validation_batch_size,
     )
+
+
+def batch_size_argument(name: str, size: Any) -> Optional[int]:
+    """A number of samples per batch, or None for the default (32, or sized from ``steps``)."""
+    if size is not None and (not isinstance(size, int) or size < 1 or isinstance(size, bool)):
+        raise ValueError(f"{name}={size!r}; use a whole number of samples >= 1, e.g. 32.")
+    return size
 
 
 def steps_argument(name: str, steps: Any) -> Optional[int]:

@@ -211,8 +211,9 @@ class Batches(DataForm):
 class OneShot(Batches):
     """A generator, or any other iterator of batches that can be gone through only once: ``predict``
     takes it (one pass over the data, as Keras's ``predict(generator)``), with NumPy arrays in its
-    batches made tensors. ``fit`` goes over its data every epoch and ``evaluate`` may look at a first
-    batch before its pass, so they refuse it, saying what to pass instead."""
+    batches made tensors. ``fit`` and ``evaluate`` refuse it, saying what to pass instead: fit goes over
+    its data every epoch, and evaluate of a net spread over several devices looks at a first batch
+    before its pass."""
 
     @classmethod
     def accepts(cls, data: Any) -> bool:
