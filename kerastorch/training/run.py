@@ -36,7 +36,7 @@ from ..checks.first_batch import check_first_batch
 from ..checks.model import check_model_for_fit
 from ..compat.runners import ProgramRunners, RunnerEpochs, check_runner_monitor, program_runners, runner_columns
 from ..data.forms import FitData, prepare_data
-from ..data.loaders import per_process_training_data, training_labels
+from ..data.loaders import per_process_training_data, per_process_validation_data, training_labels
 from ..data.peek import num_batches
 from ..data.sample_weights import check_weighted_loss, class_weight_table
 from ..devices.launch import run_in_workers
@@ -69,6 +69,9 @@ def fit(model: TrainableModel, data: FitData, settings: FitSettings, lr_schedule
         settings.data.validation_split,
         keep_float64=plan.precision == "64-true",
         pin_memory=plan.device_type == "cuda",
+        steps_per_epoch=settings.data.steps_per_epoch,
+        validation_batch_size=settings.data.validation_batch_size,
+        validation_steps=settings.data.validation_steps,
     )
     check_model_for_fit(model, train_data, settings, sample_weight=data.sample_weight)
     if settings.doctor:
@@ -93,7 +96,8 @@ def scheduled_for_this_run(
         yield settings
         return
     steps = updates_per_epoch(train_loader, plan.num_processes, settings)
-    model.lr_scheduler = lr_schedule.scheduler(model.optimizer, total_steps=settings.epochs * steps)
+    epochs = settings.epochs - settings.initial_epoch  # the epochs this run trains
+    model.lr_scheduler = lr_schedule.scheduler(model.optimizer, total_steps=epochs * steps)
     model.lr_scheduler_interval = "step"
     try:
         yield dataclasses.replace(settings, step=dataclasses.replace(settings.step, scheduler_interval="step"))
@@ -155,6 +159,7 @@ def fit_here(
         sharing = runtime.strategy.training(model, runtime, train_data, val_data, even_validation=runners is not None)
         with sharing as (train_loader, val_loader), compiled_net(model, settings.devices.compile):
             train_loader = per_process_training_data(train_loader, settings.data, class_weights)
+            val_loader = per_process_validation_data(val_loader, settings.data)
             if not runtime.is_main_process:  # one process prints, draws and logs
                 settings = dataclasses.replace(settings, output=settings.output.silenced())
             callbacks = callbacks_for_fit(model, settings, train_loader, val_loader, columns)
@@ -247,6 +252,8 @@ def train_with_callbacks(
         )
         del rows[settings.epochs :]
     ended = "failed"  # how fit ended, for on_train_end (params["ended"]): until the loop returns or is interrupted
+    # Keras's initial_epoch=n: n epochs are done, the first to train is the (n + 1)-th (1-based, as the history).
+    first_epoch = rows[-1]["epoch"] + 1 if rows else settings.initial_epoch + 1
     try:
         if not model.stop_training:  # a resumed run that had already stopped early stays stopped
             fit_loop(
@@ -258,7 +265,7 @@ def train_with_callbacks(
                 callbacks,
                 settings.epochs,
                 rows,
-                first_epoch=rows[-1]["epoch"] + 1 if rows else 1,
+                first_epoch=first_epoch,
                 validation_freq=settings.data.validation_freq,
             )
         ended = "finished"
@@ -266,8 +273,8 @@ def train_with_callbacks(
         ended = "interrupted"
         restored = "the best weights restored" if rows else "the weights from before training restored"
         model.print(
-            f"Interrupted during epoch {len(rows) + 1}: returning the history of the {len(rows)} "
-            f"finished epoch(s) with {restored}."
+            f"Interrupted during epoch {rows[-1]['epoch'] + 1 if rows else first_epoch}: returning the history of "
+            f"the {len(rows)} finished epoch(s) with {restored}."
         )
     finally:
         model.fit_step = None
