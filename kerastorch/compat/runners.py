@@ -80,7 +80,15 @@ def program_runners(model: Any) -> Optional[ProgramRunners]:
 LEFT_TO_FIT = {
     "FitSettings": {"epochs", "callbacks", "monitoring", "output", "devices", "step", "data"},
     "StepSettings": {"monitor"},
-    "DataSettings": {"batch_size", "shuffle", "validation_split", "steps_per_epoch", "validation_freq"},
+    "DataSettings": {
+        "batch_size",
+        "shuffle",
+        "validation_split",
+        "steps_per_epoch",
+        "validation_freq",
+        "train_name",
+        "val_name",
+    },
 }
 KEYWORDS = {  # a setting's name in fit's keywords, where they differ
     "accumulation_steps": "gradient_accumulation_steps",

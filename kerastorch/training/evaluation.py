@@ -31,6 +31,7 @@ def evaluate(
         check_loss_fn(model)  # type: ignore[arg-type]
     runtime = runtime_for_net(model.net)
     runtime = runtime.strategy.runtime_for(runtime, model, data)
+    model.start_reading(say=None if quiet else model.print)  # this data's first batch decides how labels are read
     callbacks = CallbackList([ProgressBar(verbose=0 if quiet else 1)], model, {"epochs": 1, "steps": num_batches(data)})
     if runners is not None:
         logs = RunnerEpochs(model, runners, runtime, callbacks).validate(data)
