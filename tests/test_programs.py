@@ -523,3 +523,68 @@ def test_importing_kerastorch_never_imports_transformers():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     assert result.stdout.strip() == "False", result.stdout + result.stderr
+
+
+# -- none of it costs a host sync per step --------------------------------------------------------
+
+
+def test_the_label_fix_the_nets_own_loss_named_values_and_timms_update_calls_add_no_host_sync_per_step():
+    from host_syncs import syncs_per_step
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(24 * 16, 3, generator=g), torch.randint(0, 5, (24 * 16,), generator=g)  # integer, (N,)
+
+    def bare(steps: int) -> None:  # what fit does by hand: the labels reshaped and cast, SGD
+        net = nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+        for xb, yb in DataLoader(TensorDataset(x[: steps * 16], y[: steps * 16]), batch_size=16):
+            nn.functional.mse_loss(net(xb), yb.unsqueeze(-1).float()).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    def fit_labels(steps: int) -> None:
+        net = nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+        scheduler = TimmCosine(optimizer, t_initial=100, t_in_epochs=False)
+        model = kt.KerasModel(net, nn.MSELoss(), optimizer=optimizer, lr_scheduler=scheduler)
+        model.fit(DataLoader(TensorDataset(x[: steps * 16], y[: steps * 16]), batch_size=16), epochs=1, verbose=0)
+
+    class OwnLoss(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(3, 1)
+
+        def forward(self, x, labels=None):
+            logits = self.linear(x)
+            return {"loss": nn.functional.mse_loss(logits, labels.unsqueeze(-1).float()), "logits": logits}
+
+    def fit_own_loss(steps: int) -> None:
+        net = OwnLoss()
+        rows = [{"x": x[i], "labels": y[i]} for i in range(steps * 16)]
+        kt.KerasModel(net, optimizer=torch.optim.SGD(net.parameters(), lr=0.01)).fit(
+            DataLoader(rows, batch_size=16), epochs=1, verbose=0
+        )
+
+    def fit_named_values(steps: int) -> None:
+        model = TwoNets(nn.Linear(4, 1), nn.Linear(4, 4))
+        model.fit(DataLoader(TensorDataset(x[: steps * 16].repeat(1, 2)[:, :4]), batch_size=16), epochs=1, verbose=0)
+
+    def bare_two_nets(steps: int) -> None:
+        first, second = nn.Linear(4, 1), nn.Linear(4, 4)
+        first_optimizer = torch.optim.SGD(first.parameters(), lr=0.1)
+        optimizer = torch.optim.SGD(second.parameters(), lr=0.1)
+        for (xb,) in DataLoader(TensorDataset(x[: steps * 16].repeat(1, 2)[:, :4]), batch_size=16):
+            hidden = second(xb)
+            first(hidden.detach()).pow(2).mean().backward()
+            first_optimizer.step()
+            first_optimizer.zero_grad()
+            (first(hidden) - 1).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    steps = (8, 24)
+    assert syncs_per_step(bare, steps).per_step == 0
+    for run in (fit_labels, fit_own_loss):
+        assert syncs_per_step(run, steps).per_step == 0, syncs_per_step(run, steps).describe()
+    assert syncs_per_step(bare_two_nets, steps).per_step == 0
+    assert syncs_per_step(fit_named_values, steps).per_step == 0, syncs_per_step(fit_named_values, steps).describe()
