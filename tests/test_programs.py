@@ -284,6 +284,35 @@ def test_monitor_none_trains_every_epoch_and_keeps_the_last_weights(tmp_path, ca
         model.fit(train, val, epochs=1, monitor=None, patience=3, verbose=0)
 
 
+def test_monitor_none_after_a_nan_loss_puts_back_the_last_finite_epochs_weights_and_resumes(tmp_path, capsys):
+    train, _ = regression_loaders()
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1)
+    kept = {}
+
+    def on_epoch_begin(epoch, logs):
+        if epoch == 3:
+            with torch.no_grad():
+                net.weight.fill_(float("nan"))
+
+    watch = kt.callbacks.LambdaCallback(
+        on_epoch_begin=on_epoch_begin, on_epoch_end=lambda epoch, logs: kept.update({epoch: weights_of(net)})
+    )
+    model = kt.KerasModel(net, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.05))
+    history = model.fit(train, epochs=5, monitor=None, callbacks=[watch], verbose=1)
+    assert len(history) == 3 and "Restored the weights of epoch 2, the last one with a finite loss." in (
+        capsys.readouterr().out
+    )
+    assert same_weights(net, kept[2])
+    # resume=True keeps the last weights in the training state, and a second call trains on from it.
+    path = tmp_path / "last.safetensors"
+    first = kt.KerasModel(nn.Linear(3, 1), nn.MSELoss()).fit(train, epochs=2, monitor=None, ckpt_path=path,
+                                                            resume=True, verbose=0)  # fmt: skip
+    again = kt.KerasModel(nn.Linear(3, 1), nn.MSELoss())
+    resumed = again.fit(train, epochs=3, monitor=None, ckpt_path=path, resume=True, verbose=0)
+    assert list(resumed["epoch"]) == [1, 2, 3] and list(resumed["train_loss"][:2]) == list(first["train_loss"])
+
+
 def test_restore_best_weights_false_keeps_the_last_epoch_but_still_marks_and_writes_the_best(tmp_path, capsys):
     train, val = regression_loaders()
     torch.manual_seed(0)

@@ -52,6 +52,11 @@ class OptunaPruning(Callback):
 
     def on_train_begin(self, logs=None):
         self.pruned_at = None
+        if self.monitor is None and self.params.get("monitor") is None:
+            raise ValueError(
+                "OptunaPruning reports fit's monitored value to the trial, but fit monitors nothing (monitor=None). "
+                "Name the value to report: OptunaPruning(trial, monitor='val_loss'), or pass fit a monitor."
+            )
         names = self.params.get("metrics")
         if self.monitor is not None and names is not None and self.monitor not in names:
             raise ValueError(

@@ -89,7 +89,7 @@ class ModelParts:
         if self.loss_fn is None and isinstance(plain, dict):
             kwargs = plain  # the net computes its own loss: it gets the labels too (Hugging Face's way)
         output = self.net(*args, **kwargs)
-        preds = predictions_of(output)
+        preds = output if isinstance(output, torch.Tensor) else predictions_of(output)  # the common case first
         labels = labels_to_outputs(labels, preds)  # a model-parallel net's output may be on another device
         fix = self.label_fix if self.label_fix is not None else self._decide_reading(plain, output, preds, labels)
         if self.loss_fn is None:
@@ -100,7 +100,9 @@ class ModelParts:
                     "as loss_fn is None). Pass a loss_fn (e.g. nn.CrossEntropyLoss()) to weight the samples."
                 )
             return loss, preds, labels  # type: ignore[return-value]
-        loss_labels, labels = fix.for_loss(labels), fix.for_metrics(labels)
+        loss_labels = labels
+        if fix is not AS_GIVEN:  # decided on the first batch: a view or a cast, no wait for the device
+            loss_labels, labels = fix.for_loss(labels), fix.for_metrics(labels)
         if sample_weight is not None:
             return weighted_loss(self.loss_fn, preds, loss_labels, sample_weight), preds, labels
         return self.loss_fn(preds, loss_labels), preds, labels
