@@ -67,9 +67,10 @@ class KerasModel(ModuleLike, ModelParts):
         model.evaluate(dl_val)     # {"val_loss": ..., "val_acc": ...}
         model.predict(dl_test)     # a CPU tensor of outputs, rows in data order
 
-    For a batch layout or a loss that the defaults do not cover, subclass and override
-    :meth:`forward_batch` (and :meth:`predict_batch` for ``predict``); for a custom update
-    (two optimizers, a GAN), override :meth:`train_step`.
+    Batches whose labels are not last say where they are with ``labels_at``; a net that computes
+    its own loss (a Hugging Face model) needs no ``loss_fn``. For a batch layout or a loss that
+    these do not cover, subclass and override :meth:`forward_batch` (and :meth:`predict_batch`
+    for ``predict``); for a custom update (two optimizers, a GAN), override :meth:`train_step`.
 
     torchkeras programs change the step their own way, ``KerasModel.StepRunner = MyStepRunner``
     (and rarely ``EpochRunner``): ``fit`` and ``evaluate`` run that class on each batch inside
@@ -298,6 +299,7 @@ class KerasModel(ModuleLike, ModelParts):
             model.optimizer.param_groups[0]["lr"] = result.suggestion
         """
         data, devices_settings, data_settings, finder = arguments.finder_arguments(self, **_keywords(locals()))
+        self.start_reading()  # this data's first batch decides how its labels are read
         return tuning.lr_find(self, data, devices_settings, data_settings, finder)
 
     def fit_one_cycle(
@@ -456,6 +458,7 @@ class KerasModel(ModuleLike, ModelParts):
             short report (in Jupyter a table).
         """
         data, data_settings = arguments.doctor_arguments(self, **_keywords(locals()))
+        self.start_reading()  # this data's first batch decides how its labels are read
         return doctor_module.doctor(self, data, data_settings, num_batches=num_batches, overfit_steps=overfit_steps)
 
     def interpret(self, data: Any, y: Any = None, batch_size: Optional[int] = None) -> Interpretation:

@@ -617,3 +617,34 @@ def test_the_label_fix_the_nets_own_loss_named_values_and_timms_update_calls_add
         assert syncs_per_step(run, steps).per_step == 0, syncs_per_step(run, steps).describe()
     assert syncs_per_step(bare_two_nets, steps).per_step == 0
     assert syncs_per_step(fit_named_values, steps).per_step == 0, syncs_per_step(fit_named_values, steps).describe()
+
+
+@pytest.mark.slow
+def test_lightmodel_fixes_the_labels_as_keras_does_and_says_so(caplog):
+    pl = pytest.importorskip("lightning.pytorch")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 3, generator=g)
+    y = x.sum(1)  # (N,) for (N, 1) outputs
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1)
+    model = kt.LightModel(net, nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    trainer = pl.Trainer(max_epochs=15, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu")  # fmt: skip
+    with caplog.at_level("INFO"):
+        trainer.fit(model, DataLoader(TensorDataset(x, y), batch_size=16))
+    assert sum("go to MSELoss as float32 (16, 1)" in record.getMessage() for record in caplog.records) == 1
+    assert nn.functional.mse_loss(net(x).squeeze(1), y).item() < 0.05  # learned the sum, not the mean
+
+
+PAGES = ["fit", "data", "callbacks", "huggingface", "custom-steps", "tuning", "doctor", "devices"]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_python_block_of_the_pages_compiles_and_every_included_example_exists(page):
+    text = (ROOT / "docs" / f"{page}.md").read_text()
+    for block in text.split("```python\n")[1:]:
+        code = block.split("```", 1)[0]
+        if code.startswith("--8<-- "):  # a whole example, included: it exists and runs in the tests above
+            assert (ROOT / code.split('"')[1]).exists()
+            continue
+        compile(code, f"docs/{page}.md", "exec")
