@@ -648,3 +648,31 @@ def test_every_python_block_of_the_pages_compiles_and_every_included_example_exi
             assert (ROOT / code.split('"')[1]).exists()
             continue
         compile(code, f"docs/{page}.md", "exec")
+
+
+class NamedValues(kt.KerasModel):
+    """A step that calls the net through ``self.net(...)`` (under ``devices=k``, DDP's forward, which is
+    how the processes' gradients are averaged) and names its values."""
+
+    def train_step(self, batch):
+        x, y = batch
+        loss = nn.functional.cross_entropy(self.net(x), y)
+        self.backward(loss)
+        self.optimizer_step()
+        return {"loss": loss.detach(), "double": 2 * loss.detach()}
+
+
+@pytest.mark.slow
+def test_named_train_step_values_over_two_processes_equal_one_processes():
+    def run(devices: int):
+        torch.manual_seed(0)
+        net = nn.Linear(4, 3)
+        model = NamedValues(net, optimizer=torch.optim.SGD(net.parameters(), lr=0.0))  # values of the data alone
+        g = torch.Generator().manual_seed(1)
+        data = TensorDataset(torch.randn(64, 4, generator=g), torch.randint(0, 3, (64,), generator=g))
+        return model.fit(DataLoader(data, batch_size=8), epochs=2, accelerator="cpu", devices=devices, verbose=0)
+
+    one, two = run(1), run(2)
+    assert list(two.columns) == ["epoch", "train_loss", "train_double", "lr"]
+    for column in ("train_loss", "train_double"):
+        assert list(two[column]) == pytest.approx(list(one[column]), rel=1e-5)
