@@ -198,7 +198,6 @@ def trial_snapshot(model: Any, loaders: list, runtime: Any) -> Iterator[None]:
     finally:
         for optimizer, state in zip(optimizers, saved_optimizers):
             optimizer.load_state_dict(state)
-            optimizer.zero_grad(set_to_none=True)
         for module, state in zip(modules, saved_modules):
             module.load_state_dict(state)
         if scaler is not None and saved_scaler:

@@ -1,6 +1,7 @@
 """The labels as a loss needs them, the way Keras reads them: labels of shape ``(N,)`` for outputs
 of shape ``(N, 1)`` (and the other way round) take the outputs' shape for the losses that compare
-each output with its label, and integer labels become floats for the losses that need floats.
+each output with its label, and integer labels become floats for the losses that need floats (float
+labels of another precision take the outputs' dtype, as Keras casts them).
 
 Without this, ``MSELoss`` broadcasts ``(N, 1)`` against ``(N,)`` to ``(N, N)`` (every output
 compared with every label: the net learns their mean) and ``BCEWithLogitsLoss`` refuses 0/1
@@ -64,6 +65,8 @@ def label_fix(loss_fn: Any, preds: Any, labels: Any) -> LabelFix:
     dtype = None
     if not labels.is_floating_point() and not labels.is_complex():
         dtype = preds.dtype if preds.dtype in (torch.float32, torch.float64) else torch.float32
+    elif labels.is_floating_point() and labels.dtype != preds.dtype and preds.dtype in (torch.float32, torch.float64):
+        dtype = preds.dtype  # float64 labels for float32 outputs: the loss's backward wants one dtype
     if not (add or drop or dtype is not None):
         return AS_GIVEN
     fix = LabelFix(add, drop, dtype)
