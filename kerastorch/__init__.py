@@ -36,7 +36,7 @@ from . import (
     strategies,
 )
 from .callbacks import Callback
-from .devices.environment import cluster_environment
+from .devices.environment import ClusterEnvironment, cluster_environment  # noqa: F401 (the page documents it here)
 from .model import KerasModel
 from .seed import seed_everything, seed_worker
 from .summary import summary  # the module first: importing it later must not hide the function
@@ -72,7 +72,6 @@ _MOVED = {
     "Finding": ".tools.doctor",
     "Interpretation": ".tools.interpret",
     "LRFinderResult": ".tools.tuning",
-    "ClusterEnvironment": ".devices.environment",
 }
 
 

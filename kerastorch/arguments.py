@@ -19,9 +19,12 @@ they live in :mod:`kerastorch.checks`.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 from typing import Any, Optional, Sequence, Union
+
+import torch
 
 from .callbacks.base import Callback
 from .callbacks.monitor import auto_mode, check_mode
@@ -35,6 +38,8 @@ from .data.sample_weights import check_sample_weight
 from .devices.words import parse_accelerator_word, parse_precision
 from .files.weights import check_writable
 from .settings import (
+    AUTO,
+    DEFAULT_PATIENCE,
     DataSettings,
     DeviceSettings,
     EvaluateSettings,
@@ -55,8 +60,8 @@ def fit_arguments(
     train_data: Any = None,
     val_data: Any = None,
     epochs: int = 10,
-    patience: Optional[int] = 5,
-    monitor: Optional[str] = None,
+    patience: Union[int, str, None] = "auto",
+    monitor: Optional[str] = "auto",
     mode: str = "auto",
     min_delta: float = 0.0,
     ckpt_path: Optional[Union[str, os.PathLike]] = None,
@@ -76,6 +81,7 @@ def fit_arguments(
     gradient_clip_val: Optional[float] = None,
     gradient_clip_algorithm: str = "norm",
     *,
+    restore_best_weights: bool = True,
     x: Any = None,
     y: Any = None,
     validation_data: Any = None,
@@ -107,6 +113,8 @@ def fit_arguments(
         validation_steps,
         validation_batch_size,
     )
+    train_name, val_name = data_names(x, validation_data, validation_split)
+    data_settings = dataclasses.replace(data_settings, train_name=train_name, val_name=val_name)
     if validation_split and data.val is not None:
         raise ValueError("Both validation_split and val_data/validation_data were given; pass only one of them.")
     check_whole_number("epochs", epochs, minimum=0)
@@ -122,7 +130,17 @@ def fit_arguments(
             )
     metric_names = [*model.metrics_dict, *(weighted_metrics or {})]
     monitoring = monitor_arguments(
-        model, monitor, mode, min_delta, patience, ckpt_path, resume, has_val, metric_names, weighted_metrics
+        model,
+        monitor,
+        mode,
+        min_delta,
+        patience,
+        ckpt_path,
+        resume,
+        has_val,
+        metric_names,
+        weighted_metrics,
+        restore_best_weights,
     )
     step = step_arguments(
         gradient_accumulation_steps,
@@ -130,6 +148,7 @@ def fit_arguments(
         gradient_clip_algorithm,
         model.lr_scheduler_interval,
         monitoring.monitor,
+        model.lr_scheduler,
     )
     settings = FitSettings(
         epochs=epochs,
@@ -296,6 +315,14 @@ def one_of(name: str, value: Any, alias: str, alias_value: Any) -> Any:
     return alias_value
 
 
+def data_names(x: Any, validation_data: Any, validation_split: Any) -> tuple[str, str]:
+    """What the run's messages call the training and validation data: the words the user passed them with."""
+    train_name = "x" if x is not None else "train_data"
+    if validation_split:
+        return train_name, "the validation split"
+    return train_name, "validation_data" if validation_data is not None else "val_data"
+
+
 def data_arguments(
     batch_size: Any = None,
     shuffle: Any = True,
@@ -359,35 +386,77 @@ def monitor_arguments(
     has_val: bool,
     metric_names: list[str],
     weighted_metrics: Optional[dict],
+    restore_best_weights: Any = True,
 ) -> MonitorSettings:
-    """Which value picks the best epoch (``val_loss``, or ``train_loss`` without validation data,
-    by default), in which direction (``"auto"``: from the metric or the name), and what follows."""
-    if isinstance(patience, (str, os.PathLike)):
+    """Which value picks the best epoch (``"auto"``: ``val_loss``, or ``train_loss`` without validation
+    data; None: nothing, the last epoch's weights stay), in which direction (``"auto"``: from the metric
+    or the name), and what follows: early stopping (``patience="auto"``: 5 epochs, or none when
+    nothing is monitored) and the best weights put back."""
+    if isinstance(patience, (str, os.PathLike)) and patience != AUTO:
         raise TypeError(
             f"patience={patience!r} looks like a file path. fit's fourth argument is patience (Keras's "
             "order), not the checkpoint's path. Pass it by name: fit(train_data, val_data, epochs, "
             f"ckpt_path={os.fspath(patience)!r})."
         )
-    if patience is not None:
+    if patience is not None and patience != AUTO:
         check_whole_number("patience", patience, minimum=0, hint=" (or patience=None to never stop early)")
     check_mode(mode)
-    monitor = monitor or ("val_loss" if has_val else "train_loss")
-    if program_runners(model) is None:  # a program's own step names its values on its first batch
+    check_flag("restore_best_weights", restore_best_weights, error=TypeError)
+    if ckpt_path is not None:
+        check_writable(ckpt_path)
+    check_resume(resume, ckpt_path)
+    if monitor is None:
+        if patience is not None and patience != AUTO:
+            raise ValueError(
+                f"patience={patience!r} stops a run when the monitored value stops improving, but monitor=None "
+                "monitors nothing. Name the value to watch (monitor='val_loss', or a value your train_step "
+                "returns, e.g. monitor='train_g_loss'), or leave patience out."
+            )
+        return MonitorSettings(None, "min", min_delta, None, ckpt_path, resume, False, restore_best_weights)
+    monitor_was_auto = monitor == AUTO
+    if monitor_was_auto:
+        monitor = "val_loss" if has_val else "train_loss"
+    elif not isinstance(monitor, str) or not monitor:
+        raise TypeError(
+            f"monitor={monitor!r}; give the name of a history column (e.g. 'val_acc'), 'auto' (val_loss, or "
+            "train_loss without validation data) or None (nothing monitored: the last epoch's weights stay)."
+        )
+    # A program's own step (its StepRunner class, or an overridden train_step) names its values on
+    # its first batch: the monitored name is checked then.
+    if program_runners(model) is None and getattr(model, "uses_default_train_step", True):
         check_monitor(monitor, metric_names, has_val)
     mode_was_auto = mode == "auto"
     if mode_was_auto:
         mode = auto_mode(monitor, {**model.metrics_dict, **(weighted_metrics or {})})
-    if ckpt_path is not None:
-        check_writable(ckpt_path)
-    check_resume(resume, ckpt_path)
-    return MonitorSettings(monitor, mode, min_delta, patience, ckpt_path, resume, mode_was_auto)
+    return MonitorSettings(
+        monitor,
+        mode,
+        min_delta,
+        DEFAULT_PATIENCE if patience == AUTO else patience,
+        ckpt_path,
+        resume,
+        mode_was_auto,
+        restore_best_weights,
+        monitor_was_auto,
+    )
 
 
 def step_arguments(
-    accumulation_steps: Any, clip_val: Any, clip_algorithm: Any, scheduler_interval: str, monitor: str
+    accumulation_steps: Any,
+    clip_val: Any,
+    clip_algorithm: Any,
+    scheduler_interval: str,
+    monitor: Optional[str],
+    scheduler: Any = None,
 ) -> StepSettings:
     """How gradients become updates: accumulation, clipping, when the scheduler steps."""
     check_whole_number("gradient_accumulation_steps", accumulation_steps, minimum=1)
+    if monitor is None and isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise ValueError(
+            "The lr_scheduler is a ReduceLROnPlateau, which fit steps with the monitored value, but monitor=None "
+            "monitors nothing. Name the value it should follow (monitor='val_loss'), or use "
+            "callbacks=[kt.callbacks.ReduceLROnPlateau('val_loss')] with its own monitor."
+        )
     if clip_val is not None and (not isinstance(clip_val, (int, float)) or isinstance(clip_val, bool) or clip_val <= 0):
         raise ValueError(f"gradient_clip_val={clip_val!r} must be a positive number (or None for no clipping).")
     if clip_algorithm not in ("norm", "value"):

@@ -79,7 +79,9 @@ class LightModel(ModelParts, pl.LightningModule):
     ):
         super().__init__()
         self.set_parts(net, loss_fn, metrics_dict, optimizer, lr_scheduler, lr_scheduler_interval)
-        check_loss_fn(self)
+        check_loss_fn(self, net_may_compute_it=False)
+        # Labels reshaped or cast as Keras does (decided on the first batch) are said once, never silently.
+        self.start_reading(say=pl.utilities.rank_zero.rank_zero_info)
 
         # One copy of each stateful metric per stage, keyed by its logged name ("val_acc").
         # torchmetrics copies sit in a ModuleDict: Lightning moves them with the model and

@@ -39,14 +39,24 @@ class KerasModel(ModuleLike, ModelParts):
     Args:
         net: the ``torch.nn.Module`` to train.
         loss_fn: called as ``loss_fn(preds, labels)``, returning the batch mean (e.g.
-            ``nn.CrossEntropyLoss()``). Needed unless :meth:`forward_batch` is overridden.
+            ``nn.CrossEntropyLoss()``). None: the net computes its own loss (a Hugging Face model,
+            given the labels of a dict batch, returns it as ``output.loss``), or an overridden
+            :meth:`train_step` or :meth:`forward_batch` does.
         metrics_dict: ``{name: metric}``; a metric is a torchmetrics ``Metric``, a module with
             ``forward``/``compute``/``reset`` (torchkeras's pattern) or a function
             ``f(preds, labels) -> tensor``. Logged as ``train_<name>`` and ``val_<name>``.
         optimizer: a ``torch.optim.Optimizer`` over the net's parameters (default: Adam, lr=1e-3).
-        lr_scheduler: a ``torch.optim.lr_scheduler`` object over that optimizer, or None.
+        lr_scheduler: a ``torch.optim.lr_scheduler`` object over that optimizer, a timm scheduler
+            (``step(epoch)`` and ``step_update(num_updates)``), or None. It is called once before
+            training (and put back), so one that does not take fit's calls fails before the first batch.
         lr_scheduler_interval: ``"epoch"`` (default) or ``"step"``: when the scheduler steps.
-            ``ReduceLROnPlateau`` steps per epoch with the monitored value.
+            ``ReduceLROnPlateau`` steps per epoch with the monitored value; a timm scheduler gets
+            ``step(epoch, metric)`` after every epoch and ``step_update(num_updates)`` after every
+            optimizer step, as timm's own training script calls it (its ``t_in_epochs`` decides).
+        labels_at: where a batch holds its labels, when not where kerastorch looks (the last item of
+            a tuple; a ``labels``, ``label`` or ``y`` key of a dict): their position in a tuple batch
+            (``labels_at=0`` reads ``(labels, text, offsets)`` as ``net(text, offsets)``), or their key
+            in a dict batch. ``fit``, ``evaluate`` and ``predict`` read batches the same way.
 
     Example::
 
@@ -57,9 +67,10 @@ class KerasModel(ModuleLike, ModelParts):
         model.evaluate(dl_val)     # {"val_loss": ..., "val_acc": ...}
         model.predict(dl_test)     # a CPU tensor of outputs, rows in data order
 
-    For a batch layout or a loss that the defaults do not cover, subclass and override
-    :meth:`forward_batch` (and :meth:`predict_batch` for ``predict``); for a custom update
-    (two optimizers, a GAN), override :meth:`train_step`.
+    Batches whose labels are not last say where they are with ``labels_at``; a net that computes
+    its own loss (a Hugging Face model) needs no ``loss_fn``. For a batch layout or a loss that
+    these do not cover, subclass and override :meth:`forward_batch` (and :meth:`predict_batch`
+    for ``predict``); for a custom update (two optimizers, a GAN), override :meth:`train_step`.
 
     torchkeras programs change the step their own way, ``KerasModel.StepRunner = MyStepRunner``
     (and rarely ``EpochRunner``): ``fit`` and ``evaluate`` run that class on each batch inside
@@ -74,8 +85,9 @@ class KerasModel(ModuleLike, ModelParts):
         optimizer: Optional[torch.optim.Optimizer] = None,
         lr_scheduler: Optional[Any] = None,
         lr_scheduler_interval: str = "epoch",
+        labels_at: Optional[Union[int, str]] = None,
     ):
-        self.set_parts(net, loss_fn, metrics_dict, optimizer, lr_scheduler, lr_scheduler_interval)
+        self.set_parts(net, loss_fn, metrics_dict, optimizer, lr_scheduler, lr_scheduler_interval, labels_at)
         self.history = pd.DataFrame()
         self.stop_training = False
         self.runtime: Optional[Runtime] = None
@@ -93,8 +105,8 @@ class KerasModel(ModuleLike, ModelParts):
         train_data: Any = None,
         val_data: Any = None,
         epochs: int = 10,
-        patience: Optional[int] = 5,
-        monitor: Optional[str] = None,
+        patience: Union[int, str, None] = "auto",
+        monitor: Optional[str] = "auto",
         mode: str = "auto",
         min_delta: float = 0.0,
         ckpt_path: Optional[Union[str, os.PathLike]] = None,
@@ -114,6 +126,7 @@ class KerasModel(ModuleLike, ModelParts):
         gradient_clip_val: Optional[float] = None,
         gradient_clip_algorithm: str = "norm",
         *,
+        restore_best_weights: bool = True,
         x: Any = None,
         y: Any = None,
         validation_data: Any = None,
@@ -135,9 +148,10 @@ class KerasModel(ModuleLike, ModelParts):
         """Train for ``epochs`` epochs and return the history, one row per epoch.
 
         Columns: ``epoch`` (1-based), ``train_loss``, ``train_<metric>``, ``lr``, ``val_loss``,
-        ``val_<metric>``; values are exact over each epoch's samples. The best epoch's weights
-        are in ``net`` when fit returns — also after early stopping, a NaN loss or Ctrl-C
-        (which returns the history so far).
+        ``val_<metric>`` (a ``train_step`` that returns a dict gives ``train_<name>`` per value);
+        values are exact over each epoch's samples. The best epoch's weights are in ``net`` when
+        fit returns — also after early stopping, a NaN loss or Ctrl-C (which returns the history
+        so far) — unless ``restore_best_weights=False`` or ``monitor=None``.
 
         Args:
             train_data: a DataLoader (or any re-iterable of batches) of ``(x, y)``,
@@ -151,9 +165,13 @@ class KerasModel(ModuleLike, ModelParts):
                 ``fit(X, y)``).
             epochs: how many epochs to train (a resumed run counts the ones already done).
             patience: stop after this many epochs without improvement of ``monitor``;
-                None never stops early. Unused when ``callbacks`` holds an ``EarlyStopping``.
-            monitor: the history column that picks the best epoch (default ``val_loss``, or
-                ``train_loss`` without ``val_data``). Checked before the first batch.
+                None never stops early; ``"auto"``: 5, or None when ``monitor=None``. Unused when
+                ``callbacks`` holds an ``EarlyStopping``.
+            monitor: the history column that picks the best epoch: ``"auto"`` is ``val_loss``, or
+                ``train_loss`` without validation data (nothing, for a ``train_step`` whose values
+                hold no loss); ``None`` monitors nothing: no best epoch, no early stopping, the last
+                epoch's weights stay. A value a ``train_step`` returns (``"train_g_loss"``) works too.
+                Checked before the first batch.
             mode: ``"min"`` (lower is better, a loss), ``"max"`` (an accuracy), or ``"auto"``: the
                 metric's ``higher_is_better`` if it has one (torchmetrics), else ``"max"`` for names
                 with acc, auc, f1, precision, recall, iou, dice, r2 or score, ``"min"`` otherwise.
@@ -186,6 +204,9 @@ class KerasModel(ModuleLike, ModelParts):
                 update like one batch of 4b).
             gradient_clip_val: clip gradients to this norm (or value); None does not clip.
             gradient_clip_algorithm: ``"norm"`` or ``"value"``.
+            restore_best_weights: True puts the best epoch's weights back in ``net`` when fit returns;
+                False keeps the last epoch's (the best epoch is still marked, and written to
+                ``ckpt_path``). Weights of an epoch whose loss is NaN are never kept.
             x: Keras's name for ``train_data``.
             y: the labels beside an array ``X`` (one per sample).
             validation_data: Keras's name for ``val_data``.
@@ -296,6 +317,7 @@ class KerasModel(ModuleLike, ModelParts):
             model.optimizer.param_groups[0]["lr"] = result.suggestion
         """
         data, devices_settings, data_settings, finder = arguments.finder_arguments(self, **_keywords(locals()))
+        self.start_reading()  # this data's first batch decides how its labels are read
         return tuning.lr_find(self, data, devices_settings, data_settings, finder)
 
     def fit_one_cycle(
@@ -334,14 +356,29 @@ class KerasModel(ModuleLike, ModelParts):
 
     # -- the training step: override train_step for a custom update ---------------------
 
-    def train_step(self, batch: Any) -> tuple[torch.Tensor, Any, Any]:
-        """One training step on a batch already on the device; returns ``(loss, preds, labels)``.
+    def train_step(self, batch: Any) -> Any:
+        """One training step on a batch already on the device.
 
         The default: :meth:`forward_batch` under :meth:`autocast`, :meth:`backward`, then
-        :meth:`optimizer_step`. Override it for an update of your own (two optimizers, a
-        GAN), using the same three calls, which keep gradient accumulation, mixed precision,
-        clipping, the scheduler and the callbacks' step hooks working. The returned loss
-        and outputs feed ``train_loss`` and the train metrics.
+        :meth:`optimizer_step`; it returns ``(loss, preds, labels)``, which feed ``train_loss`` and
+        the train metrics. Override it for an update of your own (two optimizers, a GAN, a batch
+        without labels), using the same three calls, which keep gradient accumulation, mixed
+        precision, clipping, the scheduler and the callbacks' step hooks working. An overridden
+        step needs no ``loss_fn`` and may return, instead of ``(loss, preds, labels)``, a dict of
+        named batch means, e.g. ``{"d_loss": d_loss, "g_loss": g_loss}``: they become the history
+        columns ``train_d_loss`` and ``train_g_loss`` (exact epoch means, summed on the device), which
+        ``monitor`` may name (a ``"loss"`` key is ``train_loss``).
+
+        Gradients: each batch that begins an accumulation group starts with none (fit zeroes the
+        gradients of every parameter of ``net``), and ``optimizer_step(opt)`` zeroes ``opt``'s own
+        after its update. Within one step they add up as in PyTorch: a backward reaches every
+        parameter its loss depends on, so step the discriminator on ``fake.detach()`` before the
+        generator's backward, or zero an optimizer yourself (``opt.zero_grad()``) first.
+
+        Before training, fit runs your step once on the first batch inside a snapshot of the
+        whole training state (weights, every optimizer of the model, the scheduler, the random
+        generators), so a mistake fails before any weight changes, and the names it returns are
+        known before the first epoch.
 
         Example::
 
@@ -370,7 +407,8 @@ class KerasModel(ModuleLike, ModelParts):
         self._running_step("backward").backward(loss)
 
     def optimizer_step(self, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
-        """Step ``optimizer`` (default: the model's) inside :meth:`train_step`, when an accumulation group ends."""
+        """Step ``optimizer`` (default: the model's) inside :meth:`train_step`, when an accumulation group
+        ends, then zero its gradients."""
         self._running_step("optimizer_step").optimizer_step(optimizer)
 
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -483,6 +521,7 @@ class KerasModel(ModuleLike, ModelParts):
             short report (in Jupyter a table).
         """
         data, data_settings = arguments.doctor_arguments(self, **_keywords(locals()))
+        self.start_reading()  # this data's first batch decides how its labels are read
         return doctor_module.doctor(self, data, data_settings, num_batches=num_batches, overfit_steps=overfit_steps)
 
     def interpret(self, data: Any, y: Any = None, batch_size: Optional[int] = None) -> Interpretation:

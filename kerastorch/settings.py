@@ -15,19 +15,23 @@ from typing import Any, Optional, Sequence, Union
 from .strategies import Strategy
 
 DEFAULT_BATCH_SIZE = 32  # Keras's, for the loaders kerastorch builds from arrays and Datasets
+DEFAULT_PATIENCE = 5  # fit's patience="auto" when a value is monitored
+AUTO = "auto"  # the word for "kerastorch decides" (monitor, patience, mode)
 
 
 @dataclasses.dataclass(frozen=True)
 class MonitorSettings:
     """Which value picks the best epoch, and what follows from it."""
 
-    monitor: str = "val_loss"
+    monitor: Optional[str] = "val_loss"  # None: nothing monitored, the last epoch's weights stay
     mode: str = "min"  # "min" or "max": "auto" is resolved at the door
     min_delta: float = 0.0
-    patience: Optional[int] = 5  # None: never stop early
+    patience: Optional[int] = DEFAULT_PATIENCE  # None: never stop early
     ckpt_path: Optional[Union[str, os.PathLike]] = None
     resume: bool = False
     mode_was_auto: bool = False  # mode chosen from the monitored name (fit's first line says so)
+    restore_best_weights: bool = True  # False: the best epoch is marked and written, the last one's weights stay
+    monitor_was_auto: bool = False  # monitor="auto": a custom train_step without a loss makes it None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +67,7 @@ class StepSettings:
     clip_val: Optional[float] = None
     clip_algorithm: str = "norm"
     scheduler_interval: str = "epoch"
-    monitor: str = "val_loss"  # what a ReduceLROnPlateau scheduler is stepped with
+    monitor: Optional[str] = "val_loss"  # what a ReduceLROnPlateau scheduler is stepped with
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +82,8 @@ class DataSettings:
     validation_freq: int = 1  # validate every n epochs
     validation_steps: Optional[int] = None  # None: every validation batch; else the first n of each validation
     validation_batch_size: Optional[int] = None  # None: batch_size's
+    train_name: str = "train_data"  # what messages call the data: the keyword it came with
+    val_name: str = "val_data"  # "validation_data", or "the validation split"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +139,8 @@ class FitSettings:
 
 
 __all__ = [
+    "AUTO",
+    "DEFAULT_PATIENCE",
     "DataSettings",
     "DeviceSettings",
     "EvaluateSettings",

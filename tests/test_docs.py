@@ -24,12 +24,13 @@ def build(root: Path, site: Path) -> subprocess.CompletedProcess:
 
 
 def copy_of_the_docs(destination: Path) -> Path:
-    """What the build reads: mkdocs.yml, docs/, the README, the notebooks and the package."""
+    """What the build reads: mkdocs.yml, docs/, the README, the notebooks, the examples the pages include
+    and the package."""
     destination.mkdir()
     for name in ("mkdocs.yml", "README.md"):
         shutil.copy(REPO_ROOT / name, destination / name)
     ignore = shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints")
-    for name in ("docs", "notebooks", "kerastorch"):
+    for name in ("docs", "notebooks", "examples", "kerastorch"):
         shutil.copytree(REPO_ROOT / name, destination / name, symlinks=True, ignore=ignore)
     return destination
 

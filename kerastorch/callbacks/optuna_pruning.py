@@ -56,6 +56,11 @@ class OptunaPruning(Callback):
 
     def on_train_begin(self, logs=None):
         self.pruned_at = None
+        if self.monitor is None and self.params.get("monitor") is None:
+            raise ValueError(
+                "OptunaPruning reports fit's monitored value to the trial, but fit monitors nothing (monitor=None). "
+                "Name the value to report: OptunaPruning(trial, monitor='val_loss'), or pass fit a monitor."
+            )
         if os.getpid() != self.trial_process:
             # fit(devices=k) forked this process from the one that holds the trial: what it reports
             # and its "pruned" stay in this copy and never reach the study.

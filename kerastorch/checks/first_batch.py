@@ -1,18 +1,31 @@
 """The first batch, run through the net, the loss and copies of the metrics before the first weight
 changes: a wrong batch layout, a net/loss mismatch or a metric that does not fit the outputs
-fails now, with a message that says what to fix, not after an epoch of training."""
+fails now, with a message that says how kerastorch read the batch and what to fix, not after an
+epoch of training.
+
+A ``train_step`` of the user's own is tried as it is (:func:`check_own_step`): once, on the first
+batch, inside a snapshot of everything a step changes, so nothing has changed afterwards; what it
+returns tells the history's columns before the first epoch (:class:`StepOutline`).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Any, Optional
+import dataclasses
+import difflib
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import torch
 
-from ..data.batches import BatchError, unpack
-from ..data.peek import NoBatchesError, dry_run_first_batch
+from ..data.batches import BatchError, describe_batch, describe_reading, unpack
+from ..data.peek import NoBatchesError, dry_run_first_batch, rng_untouched
+from ..settings import MonitorSettings
+from ..tools.snapshot import training_snapshot
+from ..training.history import history_columns
 from ..training.meters import is_stateful_metric, metric_friendly, metric_update_fn, scalar_metric_value
 from ..training.metric_sync import is_torchmetrics
+from ..training.outputs import NoLossError
 
 REGRESSION_LOSSES = (torch.nn.MSELoss, torch.nn.L1Loss, torch.nn.SmoothL1Loss, torch.nn.HuberLoss)
 
@@ -44,7 +57,7 @@ def broadcast_mismatch(loss_fn: Any, preds: Any, labels: Any) -> Optional[str]:
 def check_first_batch(model: Any, data: Any, runtime: Any, name: str) -> None:
     """Run the first batch through the net, the loss and copies of the metrics, in eval mode and
     without gradients, so a wrong batch layout, a net/loss mismatch or a metric that does not
-    fit the outputs fails before any weight changes."""
+    fit the outputs fails before any weight changes. ``name`` is what the user called the data."""
     seen: dict = {}
 
     def forward(batch: Any) -> Any:
@@ -54,14 +67,14 @@ def check_first_batch(model: Any, data: Any, runtime: Any, name: str) -> None:
 
     try:
         loss, preds, labels = dry_run_first_batch(model.net, data, name, forward)
-    except (BatchError, NoBatchesError):
+    except (BatchError, NoBatchesError, NoLossError):
         raise
     except Exception as error:
         raise _wrapped(error, name, _first_batch_hint(model, seen.get("batch"))) from error
     check_first_outputs(model, loss, preds, labels, runtime, name)
 
 
-def checked_first_step(model: Any, batch: Any, runtime: Any) -> tuple[torch.Tensor, Any, Any]:
+def checked_first_step(model: Any, batch: Any, runtime: Any, name: str = "train_data") -> tuple[torch.Tensor, Any, Any]:
     """The default ``train_step`` on the run's first training batch, with :func:`check_first_batch`'s
     checks between the forward pass and the backward: they cost no pass of their own, and a
     failure still comes before any weight changes. (The forward pass in train mode has moved
@@ -70,14 +83,144 @@ def checked_first_step(model: Any, batch: Any, runtime: Any) -> tuple[torch.Tens
     try:
         with runtime.autocast():
             loss, preds, labels = model.forward_batch(batch)
-    except BatchError:
+    except (BatchError, NoLossError):
         raise
     except Exception as error:
-        raise _wrapped(error, "train_data", _first_batch_hint(model, batch)) from error
-    check_first_outputs(model, loss, preds, labels, runtime, "train_data")
+        raise _wrapped(error, name, _first_batch_hint(model, batch)) from error
+    check_first_outputs(model, loss, preds, labels, runtime, name)
     model.backward(loss)
     model.optimizer_step()
     return loss, preds, labels
+
+
+# -- a train_step of the user's own -------------------------------------------------------------
+
+
+class StepOutline(NamedTuple):
+    """What a ``train_step`` returns, as seen on its trial: ``(loss, preds, labels)`` (``values`` is
+    None), or a dict of named batch means (``values`` holds their names, in order)."""
+
+    values: Optional[tuple[str, ...]] = None
+
+    def columns(self, metric_names: list[str], has_val: bool) -> list[str]:
+        """The history's columns after ``epoch``: a dict's names as ``train_<name>`` (``loss`` is
+        ``train_loss``; the train metrics need predictions, which a dict does not give), then ``lr``
+        and the validation columns."""
+        usual = history_columns(metric_names, has_val)
+        if self.values is None:
+            return usual
+        return [*(f"train_{name}" for name in self.values), *usual[usual.index("lr") :]]
+
+
+RESERVED_VALUE_NAMES = ("lr", "epoch")
+
+
+def outline_of(outputs: Any) -> StepOutline:
+    """Read what a ``train_step`` returned, or say what it should return."""
+    if isinstance(outputs, dict):
+        if not outputs:
+            raise ValueError(
+                "train_step returned an empty dict; return the batch's values by name, e.g. {'d_loss': d_loss, "
+                "'g_loss': g_loss} (they become history columns), or (loss, preds, labels)."
+            )
+        for key, value in outputs.items():
+            if not isinstance(key, str) or not key or key in RESERVED_VALUE_NAMES:
+                raise ValueError(
+                    f"train_step returned a dict with the key {key!r}; its keys become history columns "
+                    "(train_<key>): use names like 'd_loss' (not 'lr' or 'epoch')."
+                )
+            if not (isinstance(value, torch.Tensor) and value.numel() == 1) and not isinstance(value, (int, float)):
+                shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                raise ValueError(
+                    f"train_step returned {key!r}: {shape}; each value of the dict is one number for the batch (a "
+                    "0-d tensor, the batch mean: loss.detach() or loss itself)."
+                )
+        return StepOutline(tuple(outputs))
+    if isinstance(outputs, (tuple, list)) and len(outputs) == 3:
+        return StepOutline(None)
+    raise ValueError(
+        f"train_step returned {describe_batch(outputs) if isinstance(outputs, (tuple, list)) else type(outputs).__name__}; "
+        "return (loss, preds, labels) to feed train_loss and the train metrics, or a dict of named batch means, "
+        "e.g. {'d_loss': d_loss, 'g_loss': g_loss}, which become the columns train_d_loss and train_g_loss."
+    )
+
+
+def check_own_step(model: Any, data: Any, runtime: Any, name: str, run_step: Callable[[Any], Any]) -> StepOutline:
+    """Try the model's own ``train_step`` once on the first batch of ``data`` (``run_step(batch)`` runs it
+    as fit will), inside a snapshot of the weights, every optimizer and module the model holds, the
+    scheduler, the grad scaler and the random generators: a mistake fails now, with the batch it got,
+    and nothing has changed afterwards. Returns what the step returns, outlined."""
+    with rng_untouched(data):
+        iterator = iter(data)
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            raise NoBatchesError(
+                f"{name} produced no batches. Check the dataset's size, batch_size and drop_last."
+            ) from None
+        finally:
+            del iterator
+    batch = runtime.to_device(batch)
+    with trial_snapshot(model, [data], runtime):
+        try:
+            outputs = run_step(batch)
+        except (BatchError, NoLossError):
+            raise
+        except Exception as error:
+            raise _wrapped(
+                error,
+                name,
+                f" kerastorch gave your train_step the first batch: {describe_batch(batch)}.",
+                what="your train_step failed",
+            ) from error
+        outline = outline_of(outputs)
+        if outline.values is None:
+            loss, preds, labels = outputs
+            check_first_outputs(model, loss, preds, labels, runtime, name)
+    return outline
+
+
+@contextlib.contextmanager
+def trial_snapshot(model: Any, loaders: list, runtime: Any) -> Iterator[None]:
+    """:func:`~kerastorch.tools.snapshot.training_snapshot`, plus what else a step of the user's own
+    may change: the other optimizers and modules the model holds as attributes (a GAN's second
+    optimizer) and the grad scaler."""
+    parts = vars(model).values()
+    optimizers = [p for p in parts if isinstance(p, torch.optim.Optimizer) and p is not model.optimizer]
+    modules = [p for p in parts if isinstance(p, torch.nn.Module) and p is not model.net]
+    saved_optimizers = [copy.deepcopy(optimizer.state_dict()) for optimizer in optimizers]
+    saved_modules = [{k: v.detach().clone() for k, v in module.state_dict().items()} for module in modules]
+    scaler = getattr(runtime, "scaler", None)
+    saved_scaler = scaler.state_dict() if scaler is not None else None
+    try:
+        with training_snapshot(model, loaders):
+            yield
+    finally:
+        for optimizer, state in zip(optimizers, saved_optimizers):
+            optimizer.load_state_dict(state)
+        for module, state in zip(modules, saved_modules):
+            module.load_state_dict(state)
+        if scaler is not None and saved_scaler:
+            scaler.load_state_dict(saved_scaler)
+
+
+def monitor_for_columns(
+    watch: MonitorSettings, columns: list[str], values: Optional[tuple[str, ...]]
+) -> MonitorSettings:
+    """The monitored value of a run whose columns a ``train_step`` of the user's own named on its trial:
+    ``monitor="auto"`` becomes nothing when the step returns no loss (the last weights stay); a name it
+    does not produce is an error that lists what it does."""
+    if watch.monitor is None or watch.monitor in columns:
+        return watch
+    if watch.monitor_was_auto:
+        return dataclasses.replace(watch, monitor=None, patience=None)
+    close = difflib.get_close_matches(watch.monitor, columns, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    returned = f"Your train_step returns {', '.join(values)}, so this" if values else "This"
+    raise ValueError(
+        f"monitor={watch.monitor!r} is not a value this run produces. {returned} run logs: {', '.join(columns)}."
+        f"{hint} Or pass monitor=None to monitor nothing (the last epoch's weights stay)."
+    )
 
 
 def check_first_outputs(model: Any, loss: Any, preds: Any, labels: Any, runtime: Any, name: str) -> None:
@@ -138,44 +281,63 @@ def check_metrics_on(
 
 
 def _first_batch_hint(model: Any, batch: Any) -> str:
-    """What usually causes a first batch to fail, when the batch shows it: the fix to try."""
+    """How kerastorch read the batch, and what usually causes a first batch to fail when the batch shows
+    it: the fix to try."""
     if batch is None:
         return ""
+    labels_at = getattr(model, "labels_at", None)
     try:
-        args, kwargs, labels, _ = unpack(batch)
+        args, kwargs, labels, _ = unpack(batch, labels_at)
     except BatchError:
         return ""
+    labels_to_net = getattr(model, "loss_fn", None) is None and isinstance(batch, dict)
+    said = f" kerastorch called {describe_reading(batch, labels_at, labels_to_net)}."
     inputs = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
     weights = [p for p in model.net.parameters() if p.is_floating_point()]
     if weights and any(t.dtype == torch.float64 for t in inputs) and weights[0].dtype == torch.float32:
-        return (
+        return said + (
             " The inputs are float64 but the net's weights are float32: convert the data, X.float() for tensors "
             "or X.astype('float32') for NumPy, or train in float64 with precision='64-true'."
         )
     if isinstance(labels, (list, tuple)) and labels and isinstance(labels[0], str):
-        return (
+        return said + (
             f" The labels are strings ({labels[0]!r}, ...): map them to integers first, e.g. "
             "classes = sorted(set(labels)); y = [classes.index(c) for c in labels]."
         )
-    loss_fn = model.loss_fn
-    if (
-        isinstance(loss_fn, (torch.nn.BCEWithLogitsLoss, torch.nn.BCELoss))
-        and isinstance(labels, torch.Tensor)
-        and not labels.is_floating_point()
-    ):
-        return (
-            f" {type(loss_fn).__name__} needs float labels in [0, 1]: y.float() (and y.reshape(-1, 1) for a net "
-            "with one output)."
+    if isinstance(batch, (list, tuple)) and len(batch) >= 2:
+        where = "first" if labels_at is None else "at another place"
+        return said + (
+            f" If the labels are not batch[{len(batch) - 1 if labels_at is None else labels_at}] (a collate_fn that "
+            f"returns (labels, text, offsets) puts them {where}), say where they are: KerasModel(..., labels_at=0); "
+            "predict reads batches the same way. For any other layout override forward_batch (and predict_batch)."
         )
-    return ""
+    if isinstance(batch, dict):
+        return said + (
+            " If the labels are under another key, say which: KerasModel(..., labels_at='target'); predict reads "
+            "batches the same way. For any other layout override forward_batch (and predict_batch)."
+        )
+    return said
 
 
-def _wrapped(error: Exception, name: str, hint: str = "") -> Exception:
-    message = f"The first batch of {name} failed in the net or the loss, before training started: {error}{hint}"
+def _wrapped(error: Exception, name: str, hint: str = "", what: str = "failed in the net or the loss") -> Exception:
+    if what == "failed in the net or the loss":
+        message = f"The first batch of {name} {what}, before training started: {error}{hint}"
+    else:
+        message = f"On the first batch of {name}, {what}, before training started (nothing has changed): {error}{hint}"
     try:
         return type(error)(message)
     except Exception:  # an exception type that takes other arguments
         return RuntimeError(message)
 
 
-__all__ = ["broadcast_mismatch", "check_first_batch", "check_first_outputs", "check_metrics_on", "checked_first_step"]
+__all__ = [
+    "StepOutline",
+    "broadcast_mismatch",
+    "check_first_batch",
+    "check_first_outputs",
+    "check_metrics_on",
+    "check_own_step",
+    "checked_first_step",
+    "monitor_for_columns",
+    "outline_of",
+]

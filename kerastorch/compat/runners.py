@@ -88,6 +88,8 @@ LEFT_TO_FIT = {
         "validation_freq",
         "validation_steps",
         "validation_batch_size",
+        "train_name",
+        "val_name",
     },
 }
 KEYWORDS = {  # a setting's name in fit's keywords, where they differ

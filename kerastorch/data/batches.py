@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, Union
 
 import torch
 from accelerate.utils import concatenate, recursively_apply
@@ -32,27 +32,75 @@ def _describe(batch: Any) -> str:
     return f"a {type(batch).__name__}"
 
 
-def split_batch(batch: Any) -> tuple[tuple, dict, Any]:
-    """Return ``(args, kwargs, labels)`` so that the net is called as ``net(*args, **kwargs)``."""
-    if isinstance(batch, dict):
-        for key in LABEL_KEYS:
-            if key in batch:
-                kwargs = {k: v for k, v in batch.items() if k != key}
-                return (), kwargs, batch[key]
-    elif isinstance(batch, (list, tuple)) and len(batch) >= 2:
-        return tuple(batch[:-1]), {}, batch[-1]
-    raise BatchError(
-        f"Got {_describe(batch)} as a batch, which has no labels. kerastorch expects {EXPECTED_BATCHES}. "
-        "Make your Dataset return (features, label), or override KerasModel.forward_batch for another layout."
+def check_labels_at(labels_at: Any) -> Optional[Union[int, str]]:
+    """``labels_at``: where a batch holds its labels. None reads the usual layouts (the last item of
+    a tuple; a ``labels``, ``label`` or ``y`` key of a dict), an int is a position in a tuple, a str a
+    key of a dict.
+
+    >>> check_labels_at(0), check_labels_at("target"), check_labels_at(None)
+    (0, 'target', None)
+    """
+    if labels_at is None or (isinstance(labels_at, int) and not isinstance(labels_at, bool)):
+        return labels_at
+    if isinstance(labels_at, str) and labels_at:
+        return labels_at
+    raise TypeError(
+        f"labels_at={labels_at!r}; give the position of the labels in a tuple batch (labels_at=0 for "
+        "(labels, x1, x2) batches), the key of the labels in a dict batch (labels_at='target'), or None for "
+        "the usual layouts ((x, y), (x1, ..., xn, y), a dict with a 'labels' key)."
     )
 
 
-def split_inputs(batch: Any) -> tuple[tuple, dict]:
+def _position(batch: Any, labels_at: int) -> int:
+    """``labels_at`` as a position from 0 in this tuple batch, or a BatchError that says why not."""
+    position = labels_at + len(batch) if labels_at < 0 else labels_at
+    if not 0 <= position < len(batch) or len(batch) < 2:
+        raise BatchError(
+            f"Got {_describe(batch)} as a batch, but labels_at={labels_at} asks for the labels at position "
+            f"{labels_at}, and the batch needs them and at least one input. Check labels_at, or what your "
+            "Dataset or collate_fn returns."
+        )
+    return position
+
+
+def split_batch(batch: Any, labels_at: Optional[Union[int, str]] = None) -> tuple[tuple, dict, Any]:
+    """Return ``(args, kwargs, labels)`` so that the net is called as ``net(*args, **kwargs)``."""
+    if isinstance(batch, dict):
+        if isinstance(labels_at, int):
+            raise BatchError(
+                f"Got {_describe(batch)} as a batch, but labels_at={labels_at} is a position in a tuple. For dict "
+                "batches give the labels' key: labels_at='target'."
+            )
+        for key in (labels_at,) if labels_at is not None else LABEL_KEYS:
+            if key in batch:
+                kwargs = {k: v for k, v in batch.items() if k != key}
+                return (), kwargs, batch[key]
+        if labels_at is not None:
+            raise BatchError(
+                f"Got {_describe(batch)} as a batch, but labels_at={labels_at!r} is none of its keys. Give the key "
+                "that holds the labels."
+            )
+    elif isinstance(batch, (list, tuple)) and len(batch) >= 2:
+        if isinstance(labels_at, str):
+            raise BatchError(
+                f"Got {_describe(batch)} as a batch, but labels_at={labels_at!r} is a dict key. For tuple batches "
+                "give the labels' position: labels_at=0 for (labels, x1, x2)."
+            )
+        position = len(batch) - 1 if labels_at is None else _position(batch, labels_at)
+        return tuple(batch[:position]) + tuple(batch[position + 1 :]), {}, batch[position]
+    raise BatchError(
+        f"Got {_describe(batch)} as a batch, which has no labels. kerastorch expects {EXPECTED_BATCHES}. "
+        "Make your Dataset return (features, label), or override KerasModel.forward_batch for another layout "
+        "(or train_step, which needs no labels, for a GAN or an autoencoder of your own)."
+    )
+
+
+def split_inputs(batch: Any, labels_at: Optional[Union[int, str]] = None) -> tuple[tuple, dict]:
     """Inputs only, for ``predict``: labels, if the batch has them, are dropped.
 
     A bare tensor, a 1-tuple or a dict without a label key is all inputs. A tuple of
-    two or more is read as fit reads it, the last item being the labels; a net with
-    several inputs and no labels should get a dict. Sample weights are dropped too.
+    two or more is read as fit reads it, the last item (or the one at ``labels_at``) being the
+    labels; a net with several inputs and no labels should get a dict. Sample weights are dropped too.
     """
     if isinstance(batch, torch.Tensor):
         return (batch,), {}
@@ -60,19 +108,89 @@ def split_inputs(batch: Any) -> tuple[tuple, dict]:
     if isinstance(batch, Inputs):
         return tuple(batch.args), {}
     if isinstance(batch, dict):
-        return (), {k: v for k, v in batch.items() if k not in LABEL_KEYS}
+        keys = (labels_at,) if isinstance(labels_at, str) else LABEL_KEYS
+        return (), {k: v for k, v in batch.items() if k not in keys}
     if isinstance(batch, (list, tuple)):
         if len(batch) == 1:
             return (batch[0],), {}
-        return tuple(batch[:-1]), {}
+        args, _, _ = split_batch(batch, labels_at if isinstance(labels_at, int) else None)
+        return args, {}
     raise BatchError(
         f"Got {_describe(batch)} as a batch for predict; expected a tensor of inputs or {EXPECTED_BATCHES}."
     )
 
 
-def batch_size_of(labels: Any, preds: Any) -> int:
-    """Number of samples in a batch, read from shapes only (no device sync)."""
-    for obj in (labels, preds):
+def describe_tensor(value: Any) -> str:
+    """One item of a batch in a few words: ``int64 (8,)`` for a tensor.
+
+    >>> describe_tensor(torch.zeros(8, dtype=torch.long)), describe_tensor([1, 2])
+    ('int64 (8,)', 'a list of 2')
+    """
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).replace('torch.', '')} {tuple(value.shape)}"
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
+def describe_batch(batch: Any) -> str:
+    """A batch in a few words, item by item: ``a tuple of 1: batch[0]: float32 (64, 2)``.
+
+    >>> describe_batch({"x": torch.zeros(4, 2)})
+    "a dict: batch['x']: float32 (4, 2)"
+    """
+    plain, weight = split_sample_weight(batch)
+    if isinstance(plain, dict):
+        items = ", ".join(f"batch[{k!r}]: {describe_tensor(v)}" for k, v in plain.items())
+        said = f"a dict: {items}"
+    elif isinstance(plain, (list, tuple)):
+        items = ", ".join(f"batch[{i}]: {describe_tensor(v)}" for i, v in enumerate(plain))
+        said = f"a {type(plain).__name__} of {len(plain)}: {items}"
+    else:
+        said = f"{describe_tensor(plain)}" if isinstance(plain, torch.Tensor) else _describe(plain)
+    return said + (" (with sample weights)" if weight is not None else "")
+
+
+def describe_reading(batch: Any, labels_at: Optional[Union[int, str]] = None, labels_to_net: bool = False) -> str:
+    """What kerastorch did with a batch, in the words of the batch itself: the call of the net with
+    each input's dtype and shape, and where the labels came from.
+
+    >>> describe_reading((torch.zeros(8, dtype=torch.long), torch.zeros(20, dtype=torch.long), torch.zeros(8)))
+    'net(batch[0], batch[1]) with batch[0]: int64 (8,), batch[1]: int64 (20,); labels = batch[2]: float32 (8,)'
+    """
+    plain, weight = split_sample_weight(batch)
+    if isinstance(plain, dict):
+        key = next(
+            (k for k in ((labels_at,) if isinstance(labels_at, str) else LABEL_KEYS) if k in plain),
+            None,
+        )
+        called = [k for k in plain if k != key or labels_to_net]
+        inputs = ", ".join(f"{k}=..." for k in called)
+        shapes = ", ".join(f"{k}: {describe_tensor(plain[k])}" for k in called)
+        if key is None:
+            said = f"net({inputs}) with {shapes}; no labels"
+        elif labels_to_net:
+            said = f"net({inputs}) with {shapes} (the labels, {key!r}, included)"
+        else:
+            said = f"net({inputs}) with {shapes}; labels = batch[{key!r}]: {describe_tensor(plain[key])}"
+    elif isinstance(plain, (list, tuple)) and len(plain) >= 2:
+        try:
+            position = len(plain) - 1 if not isinstance(labels_at, int) else _position(plain, labels_at)
+        except BatchError:
+            return f"{_describe(plain)}, which labels_at={labels_at!r} does not fit"
+        called = [i for i in range(len(plain)) if i != position]
+        inputs = ", ".join(f"batch[{i}]" for i in called)
+        shapes = ", ".join(f"batch[{i}]: {describe_tensor(plain[i])}" for i in called)
+        said = f"net({inputs}) with {shapes}; labels = batch[{position}]: {describe_tensor(plain[position])}"
+    else:
+        return _describe(plain)
+    return said + ("; sample weights beside them" if weight is not None else "")
+
+
+def batch_size_of(labels: Any, preds: Any, batch: Any = None) -> int:
+    """Number of samples in a batch, read from shapes only (no device sync): from the labels, the
+    predictions, or (a custom step that returns named values) the batch itself."""
+    for obj in (labels, preds, batch):
         tensor = first_tensor(obj)
         if tensor is not None and tensor.dim() > 0:
             return tensor.shape[0]
@@ -171,13 +289,16 @@ class Unpacked(NamedTuple):
     weight: Optional[torch.Tensor]
 
 
-def unpack(batch: Any) -> Unpacked:
+def unpack(batch: Any, labels_at: Optional[Union[int, str]] = None) -> Unpacked:
     """Read a batch: ``(x, y)``, ``(x1, ..., xn, y)`` or a dict with a labels key, with sample weights
-    (a :class:`WeightedSample`, or a ``sample_weight`` key) or without.
+    (a :class:`WeightedSample`, or a ``sample_weight`` key) or without. ``labels_at`` (a model's
+    ``KerasModel(labels_at=...)``) says where else the labels are: a position in a tuple, a key in a dict.
 
     >>> unpack((torch.zeros(2, 3), torch.tensor([0, 1]))).labels
     tensor([0, 1])
+    >>> unpack((torch.tensor([0, 1]), torch.zeros(2, 3)), labels_at=0).labels
+    tensor([0, 1])
     """
     plain, weight = split_sample_weight(batch)
-    args, kwargs, labels = split_batch(plain)
+    args, kwargs, labels = split_batch(plain, labels_at)
     return Unpacked(args, kwargs, labels, weight)

@@ -36,6 +36,7 @@ from ..data.loaders import training_labels
 from ..data.peek import rng_untouched
 from ..devices.runtime import Runtime, runtime_for_net
 from ..settings import DataSettings, StepSettings
+from ..training.labels import label_fix
 from ..training.modes import eval_mode, train_mode
 from ..training.protocols import TrainableModel
 from ..training.step import FitStep
@@ -291,6 +292,16 @@ def labels_in_range(patient: Patient) -> list[Finding]:
                     "number the classes from 0 (y = y - y.min()).",
                 )
             ]
+    reading = label_fix(loss_fn, preds, labels)
+    if reading.note:  # fit reshapes or casts these labels on every batch, as Keras does: worth knowing only
+        return [
+            Finding(
+                "labels_in_range",
+                "info",
+                reading.note,
+                "Nothing to do: fit does this on every batch. Reshape or cast the labels yourself to make it explicit.",
+            )
+        ]
     mismatch = broadcast_mismatch(loss_fn, preds, labels)
     if mismatch:
         problem, fix = mismatch.split(" Make the shapes equal: ")

@@ -49,6 +49,9 @@ def evaluate(model: TrainableModel, given: EvalData, settings: EvaluateSettings)
         check_loss_fn(model)  # type: ignore[arg-type]
     runtime = runtime_for_net(model.net)
     runtime = runtime.strategy.runtime_for(runtime, model, data)
+    model.start_reading(
+        say=model.print if settings.verbose else None
+    )  # this data's first batch decides how labels are read
     params = {"epochs": 1, "steps": num_batches(data), "verbose": settings.verbose}
     callbacks = CallbackList([*settings.callbacks, ProgressBar(verbose=settings.verbose)], model, params)
     if runners is not None:

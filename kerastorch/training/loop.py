@@ -19,6 +19,7 @@ from ..devices.runtime import Runtime
 from .meters import EpochMeters, StepLogs
 from .modes import eval_mode
 from .protocols import Epochs, TrainableModel
+from .schedulers import after_epoch
 from .step import FitStep
 
 
@@ -59,7 +60,7 @@ def fit_loop(
 
 class FitEpochs:
     """fit's own epochs: :func:`train_epoch` with fit's step, :func:`evaluate_epoch`, and the
-    scheduler stepped once per epoch unless it steps per batch."""
+    scheduler's call after an epoch (:mod:`~kerastorch.training.schedulers`)."""
 
     def __init__(
         self,
@@ -78,9 +79,8 @@ class FitEpochs:
         return evaluate_epoch(self.model, loader, self.runtime, self.meters["val"], self.callbacks)
 
     def end_epoch(self, logs: dict) -> None:
-        scheduler, settings = self.model.lr_scheduler, self.steps.settings
-        if scheduler is not None and settings.scheduler_interval == "epoch":
-            step_epoch_scheduler(scheduler, logs, settings.monitor)
+        settings = self.steps.settings
+        after_epoch(self.model.lr_scheduler, settings.scheduler_interval, logs["epoch"], logs, settings.monitor)
 
 
 def train_epoch(
@@ -100,9 +100,13 @@ def train_epoch(
         if on_begin:
             callbacks.call("on_train_batch_begin", batch_index, {})
         batch = runtime.to_device(batch)
-        loss, preds, labels = steps.run(batch_index, batch)
-        weight = split_sample_weight(batch)[1] if weighted else None
-        meters.update(loss, detach(preds), labels, batch_size_of(labels, preds), weight)
+        outputs = steps.run(batch_index, batch)
+        if isinstance(outputs, dict):  # a train_step of the user's own that names its values
+            meters.update_values(outputs, batch_size_of(None, None, batch))
+        else:
+            loss, preds, labels = outputs
+            weight = split_sample_weight(batch)[1] if weighted else None
+            meters.update(loss, detach(preds), labels, batch_size_of(labels, preds, batch), weight)
         if on_end:
             callbacks.call("on_train_batch_end", batch_index, StepLogs(meters))
         if model.stop_training:  # set by a batch hook: stop after this batch, as Keras does
@@ -165,14 +169,6 @@ def predict_outputs(
     if not outputs:
         raise ValueError("predict got no batches: the data is empty.")
     return concatenate_batches(outputs)
-
-
-def step_epoch_scheduler(scheduler: Any, logs: dict, monitor: str) -> None:
-    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-        if monitor in logs:  # not on an epoch that was not validated
-            scheduler.step(logs[monitor])
-    else:
-        scheduler.step()
 
 
 def current_lr(optimizer: torch.optim.Optimizer) -> float:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Mapping
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -196,8 +196,12 @@ class EpochMeters:
         device: torch.device,
         reduce_fn: Optional[Callable] = None,
         weighted_metrics: Optional[dict] = None,
+        values: Optional[Sequence[str]] = None,
     ):
         self.prefix = prefix
+        # The names a train_step of the user's own returns in a dict, each summed like the loss
+        # (None: the usual loss, from (loss, preds, labels)).
+        self.values = tuple(values) if values is not None else None
         self.device = device
         self.sum_dtype = exact_sum_dtype(device)
         self.meters: dict[str, Any] = {
@@ -212,15 +216,19 @@ class EpochMeters:
         }
         self.reduce_fn = reduce_fn  # sums a tensor over processes; None in a single process
         self.loss_sum = torch.zeros((), device=device, dtype=self.sum_dtype)
+        self.value_sums = {name: torch.zeros((), device=device, dtype=self.sum_dtype) for name in self.values or ()}
         self.count = 0
         self._pending: list[tuple[Any, Any, int]] = []
 
     @property
     def names(self) -> list[str]:
-        return [f"{self.prefix}_loss"] + [f"{self.prefix}_{name}" for name in (*self.meters, *self.weighted)]
+        summed = ("loss",) if self.values is None else self.values
+        return [f"{self.prefix}_{name}" for name in (*summed, *self.meters, *self.weighted)]
 
     def reset(self) -> None:
         self.loss_sum.zero_()
+        for total in self.value_sums.values():
+            total.zero_()
         self.count = 0
         self._pending.clear()
         for meter in (*self.meters.values(), *self.weighted.values()):
@@ -244,6 +252,21 @@ class EpochMeters:
         if len(self._pending) >= FLUSH_EVERY:
             self._flush()
 
+    def update_values(self, values: dict, n: int) -> None:
+        """Add one batch of a ``train_step`` that returns named batch means; nothing here waits for the device."""
+        if values.keys() != self.value_sums.keys():
+            raise ValueError(
+                f"train_step returned {', '.join(values)} on this batch but {', '.join(self.value_sums)} on the first; "
+                "return the same names on every batch (each a history column)."
+            )
+        for name, value in values.items():
+            total = self.value_sums[name]
+            if isinstance(value, torch.Tensor):
+                total.add_(value.detach().reshape(()), alpha=n)
+            else:
+                total.add_(float(value) * n)
+        self.count += n
+
     def _flush(self) -> None:
         if not self._pending:
             return
@@ -265,21 +288,24 @@ class EpochMeters:
         runs on the main process alone and must not enter a collective).
         """
         self._flush()
-        loss_sum, count = self.loss_sum, torch.tensor(float(self.count), device=self.device, dtype=self.sum_dtype)
+        sums = [self.loss_sum] if self.values is None else list(self.value_sums.values())
+        count = torch.tensor(float(self.count), device=self.device, dtype=self.sum_dtype)
         function_meters = {k: m for k, m in self.meters.items() if isinstance(m, _FunctionMeter)}
         function_meters.update(self.weighted)
         if synced and self.reduce_fn is not None:
-            parts = [loss_sum, count]
+            parts = [*sums, count]
             for m in function_meters.values():
                 parts += [m.total, m.denominator()]
             summed = self.reduce_fn(torch.stack(parts))
-            loss_sum, count = summed[0], summed[1]
+            k = len(sums)
+            sums, count = list(summed[:k]), summed[k]
             function_values = {
-                k: summed[2 + 2 * i] / summed[3 + 2 * i].clamp_min(1e-30) for i, k in enumerate(function_meters)
+                name: summed[k + 1 + 2 * i] / summed[k + 2 + 2 * i].clamp_min(1e-30)
+                for i, name in enumerate(function_meters)
             }
         else:
             function_values = {k: m.value() for k, m in function_meters.items()}
-        values = [loss_sum / count.clamp_min(1)]
+        values = [total / count.clamp_min(1) for total in sums]
         for name, meter in (*self.meters.items(), *self.weighted.items()):
             value = _stateful_value(meter, name, synced) if isinstance(meter, _StatefulMeter) else function_values[name]
             values.append(value.detach().to(self.device, self.sum_dtype))

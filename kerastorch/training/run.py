@@ -26,13 +26,14 @@ import torch
 from ..callbacks.best_weights import RestoreBestWeights
 from ..callbacks.callback_list import CallbackList
 from ..callbacks.early_stopping import EarlyStopping, early_stoppings_in
+from ..callbacks.last_weights import KeepLastWeights
 from ..callbacks.live_plot import LivePlot
 from ..callbacks.progress import ProgressBar
 from ..callbacks.ray_report import ray_train_report
 from ..callbacks.terminate_on_nan import TerminateOnNaN
 from ..callbacks.training_state import TrainingState, resumed_history, training_state_path
 from ..callbacks.wandb_logger import WandbLogger
-from ..checks.first_batch import check_first_batch
+from ..checks.first_batch import StepOutline, check_first_batch, check_own_step, monitor_for_columns
 from ..checks.model import check_model_for_fit
 from ..compat.runners import ProgramRunners, RunnerEpochs, check_runner_monitor, program_runners, runner_columns
 from ..data.forms import FitData, prepare_data
@@ -47,12 +48,13 @@ from ..settings import FitSettings
 from ..strategies import cpu_state_dict, unwrap
 from ..tools.doctor import check_before_fit
 from .compiling import compiled_net
-from .history import history_columns, history_frame
+from .history import history_frame
 from .loop import FitEpochs, fit_loop
 from .meters import EpochMeters
 from .parts import ModelParts
 from .protocols import Epochs, TrainableModel
-from .step import FitStep
+from .schedulers import try_scheduler
+from .step import FitStep, run_once
 
 
 def fit(model: TrainableModel, data: FitData, settings: FitSettings, lr_schedule: Any = None) -> pd.DataFrame:
@@ -74,6 +76,8 @@ def fit(model: TrainableModel, data: FitData, settings: FitSettings, lr_schedule
         validation_steps=settings.data.validation_steps,
     )
     check_model_for_fit(model, train_data, settings, sample_weight=data.sample_weight)
+    if program_runners(model) is None:  # a program's runner calls its scheduler itself
+        try_scheduler(model, settings.step.scheduler_interval, settings.monitoring.monitor)
     if settings.doctor:
         check_before_fit(model, train_data, val_data)
     class_weights = class_weights_for(model, train_data, data, settings)
@@ -131,6 +135,12 @@ def class_weights_for(model: TrainableModel, train_data: Any, data: FitData, set
         check_weighted_loss(model.loss_fn, " and ".join(asked))
     if settings.data.class_weight is None:
         return None
+    if model.labels_at is not None:
+        raise ValueError(
+            f"class_weight reads the labels where batches usually hold them, and this model reads them at "
+            f"labels_at={model.labels_at!r}. Weight the samples yourself: a dict batch with a 'sample_weight' key "
+            "(one weight per sample), or sample_weight= beside arrays."
+        )
     return class_weight_table(settings.data.class_weight, training_labels(train_data))
 
 
@@ -145,14 +155,21 @@ def fit_here(
     """The run in this process: alone (``plan.where == "here"``) or as one rank of a job."""
     runtime = plan.strategy.runtime_for(build_runtime(plan), model, train_data)
     model.runtime = runtime
+    # A run decides on its first batch how it reads the labels and the net's output, and says it once.
+    model.start_reading(say=model.print if settings.output.verbose else None)
     try:
         place_parts(model, runtime)
         runners = program_runners(model)  # a program's own step class, or None
-        checks_ride_on_first_step = False
+        checks_ride_on_first_step: Optional[str] = None
+        outline = StepOutline()
         columns: Optional[list[str]]
         if runners is None:
-            checks_ride_on_first_step = check_first_batches(model, train_data, val_data, runtime)
-            columns = history_columns(settings.metric_names(model.metrics_dict), val_data is not None)
+            checks_ride_on_first_step, outline = check_first_batches(model, train_data, val_data, runtime, settings)
+            columns = outline.columns(settings.metric_names(model.metrics_dict), val_data is not None)
+            if not model.uses_default_train_step:  # the step named its values on its trial: monitor one of them
+                monitoring = monitor_for_columns(settings.monitoring, columns, outline.values)
+                step = dataclasses.replace(settings.step, monitor=monitoring.monitor)
+                settings = dataclasses.replace(settings, monitoring=monitoring, step=step)
         else:
             columns = columns_of_runner(model, runners, train_data, val_data, runtime, settings)
         # A program's runner gathers over the processes at every batch: they must all run as many.
@@ -166,14 +183,13 @@ def fit_here(
             steps = FitStep(model, runtime, settings.step, callbacks, checks_ride_on_first_step)
             stages: Epochs
             if runners is None:
-                stages = FitEpochs(model, runtime, callbacks, epoch_meters(model, runtime, settings), steps)
+                meters = epoch_meters(model, runtime, settings, outline)
+                stages = FitEpochs(model, runtime, callbacks, meters, steps)
             else:
                 unchecked = settings.monitoring.monitor if columns is None else None
                 stages = RunnerEpochs(model, runners, runtime, callbacks, unchecked_monitor=unchecked)
             if settings.output.verbose:
-                watch = settings.monitoring
-                chosen = f"{watch.mode}, from its name" if watch.mode_was_auto else watch.mode
-                model.print(f"{runtime.describe()}; best weights by {watch.monitor} ({chosen})")
+                model.print(f"{runtime.describe()}; {what_is_kept(settings.monitoring)}")
             return train_with_callbacks(
                 model, stages, train_loader, val_loader, runtime, callbacks, steps, settings, columns
             )
@@ -181,20 +197,39 @@ def fit_here(
         runtime.teardown()
 
 
-def check_first_batches(model: TrainableModel, train_data: Any, val_data: Optional[Any], runtime: Runtime) -> bool:
-    """Check the first batches against the net, loss and metrics; True when the training batch's
-    checks ride on the real first step instead.
+def check_first_batches(
+    model: TrainableModel, train_data: Any, val_data: Optional[Any], runtime: Runtime, settings: FitSettings
+) -> tuple[Optional[str], StepOutline]:
+    """Check the first batches against the net, loss and metrics, and try a train_step of the user's
+    own. Returns the training data's name when its checks ride on the real first step instead, and
+    what the train_step returns.
 
     One process and the default train_step: the training batch is checked inside the real first
     step, at no cost. Otherwise by a pass of its own, before any process starts training (a check
-    failing on one rank alone would leave the others waiting).
+    failing on one rank alone would leave the others waiting): the user's own train_step runs once
+    inside a snapshot (:func:`~kerastorch.checks.first_batch.check_own_step`).
     """
-    checks_ride_on_first_step = runtime.num_processes == 1 and model.uses_default_train_step
-    if not checks_ride_on_first_step:
-        check_first_batch(model, train_data, runtime, "train_data")
+    names = settings.data
+    outline = StepOutline()
+    rides = runtime.num_processes == 1 and model.uses_default_train_step
+    if not model.uses_default_train_step:
+        run_step = functools.partial(run_once, model, runtime, settings.step)
+        outline = check_own_step(model, train_data, runtime, names.train_name, run_step)
+    elif not rides:
+        check_first_batch(model, train_data, runtime, names.train_name)
     if val_data is not None:
-        check_first_batch(model, val_data, runtime, "val_data")
-    return checks_ride_on_first_step
+        check_first_batch(model, val_data, runtime, names.val_name)
+    return (names.train_name if rides else None), outline
+
+
+def what_is_kept(watch: Any) -> str:
+    """fit's first line, on the weights it keeps: by which value, and whether the best come back."""
+    if watch.monitor is None:
+        return "nothing monitored (monitor=None): the last epoch's weights stay"
+    chosen = f"{watch.mode}, from its name" if watch.mode_was_auto else watch.mode
+    if not watch.restore_best_weights:
+        return f"best epoch by {watch.monitor} ({chosen}); the last epoch's weights stay (restore_best_weights=False)"
+    return f"best weights by {watch.monitor} ({chosen})"
 
 
 def columns_of_runner(
@@ -212,17 +247,22 @@ def columns_of_runner(
         return None
     probed = val_data if val_data is not None else train_data
     columns = runner_columns(model, runners, probed, runtime, has_val=val_data is not None)
-    check_runner_monitor(settings.monitoring.monitor, columns, model)
+    if settings.monitoring.monitor is not None:
+        check_runner_monitor(settings.monitoring.monitor, columns, model)
     return columns
 
 
-def epoch_meters(model: TrainableModel, runtime: Runtime, settings: FitSettings) -> dict[str, EpochMeters]:
-    return {
-        stage: EpochMeters(
-            stage, model.metrics_dict, runtime.outputs_device, runtime.reduce_sum, settings.weighted_metrics
-        )
-        for stage in ("train", "val")
-    }
+def epoch_meters(
+    model: TrainableModel, runtime: Runtime, settings: FitSettings, outline: Optional[StepOutline] = None
+) -> dict[str, EpochMeters]:
+    """The train and val meters; a train_step that returns named values gets them summed instead of
+    the loss and the metrics (which need predictions)."""
+    device, reduce_sum = runtime.outputs_device, runtime.reduce_sum
+    val = EpochMeters("val", model.metrics_dict, device, reduce_sum, settings.weighted_metrics)
+    if outline is not None and outline.values is not None:
+        return {"train": EpochMeters("train", {}, device, reduce_sum, values=outline.values), "val": val}
+    train = EpochMeters("train", model.metrics_dict, device, reduce_sum, settings.weighted_metrics)
+    return {"train": train, "val": val}
 
 
 def train_with_callbacks(
@@ -245,6 +285,7 @@ def train_with_callbacks(
     model.fit_step = steps  # what model.backward / model.optimizer_step use inside train_step
     callbacks.call("on_train_begin", {})
     rows.extend(resumed_history(callbacks))
+    steps.epochs_done = len(rows)  # a timm scheduler counts the updates of the epochs already done
     if len(rows) > settings.epochs:  # the saved run went further than asked: show the epochs asked for
         model.print(
             f"The training state holds {len(rows)} epochs; epochs={settings.epochs} returns the first "
@@ -299,16 +340,23 @@ def callbacks_for_fit(
     watch, output = settings.monitoring, settings.output
     says = int(output.verbose > 0)
     users_stoppers = early_stoppings_in(settings.callbacks)  # with one, fit adds no stopper of its own
-    best_weights = RestoreBestWeights(
-        watch.monitor,
-        watch.mode,
-        watch.min_delta,
-        ckpt_path=watch.ckpt_path,
-        stale_state=training_state_path(watch.ckpt_path) if watch.ckpt_path and not watch.resume else None,
-        restore=all(stopper.restore_best_weights is None for stopper in users_stoppers),
-    )
-    chosen: list[Any] = [TerminateOnNaN(verbose=says), best_weights]
-    if watch.patience is not None and not users_stoppers:
+    stale_state = training_state_path(watch.ckpt_path) if watch.ckpt_path and not watch.resume else None
+    best_weights: Optional[RestoreBestWeights] = None
+    if watch.monitor is None:  # nothing monitored: the last epoch's weights stay
+        chosen: list[Any] = [TerminateOnNaN(verbose=says), KeepLastWeights(watch.ckpt_path, stale_state)]
+    else:
+        best_weights = RestoreBestWeights(
+            watch.monitor,
+            watch.mode,
+            watch.min_delta,
+            ckpt_path=watch.ckpt_path,
+            stale_state=stale_state,
+            # A user's EarlyStopping with restore_best_weights=True or False decides instead of fit.
+            restore=watch.restore_best_weights
+            and all(stopper.restore_best_weights is None for stopper in users_stoppers),
+        )
+        chosen = [TerminateOnNaN(verbose=says), best_weights]
+    if watch.monitor is not None and watch.patience is not None and not users_stoppers:
         chosen.append(EarlyStopping.for_fit(watch.monitor, watch.mode, watch.patience, watch.min_delta, says))
     if output.plot:
         chosen.append(LivePlot(monitor=watch.monitor, mode=watch.mode))

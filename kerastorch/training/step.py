@@ -11,11 +11,21 @@ users know. A user who overrides ``train_step`` (a GAN, two optimizers) calls th
 
 A hook is called only when a callback overrides it, so the plain step pays a
 boolean test per hook and nothing else.
+
+When gradients are zeroed: ``optimizer_step(opt)`` zeroes ``opt``'s gradients right after
+its update; the model's optimizer is zeroed when an epoch starts. With an overridden
+``train_step`` (which may hold several optimizers and several nets), every batch starts with
+each parameter's gradient as its optimizer's last ``optimizer_step`` call in the accumulation
+group saw it (none at the group's start): a gradient one net got from another's loss after its
+own optimizer's call (a discriminator's, from the generator's loss) never reaches its update,
+with or without accumulation. Within one ``train_step``, before an optimizer's call, gradients
+add up as in PyTorch.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any, Optional
 
 import torch
@@ -24,7 +34,9 @@ from ..callbacks.callback_list import CallbackList
 from ..checks.first_batch import checked_first_step
 from ..devices.runtime import Runtime
 from ..settings import StepSettings
+from .modes import train_mode
 from .protocols import TrainableModel
+from .schedulers import after_update
 
 _UPDATE_NOW = contextlib.nullcontext()  # reusable: entering it does nothing
 
@@ -38,7 +50,7 @@ class FitStep:
         runtime: Runtime,
         settings: StepSettings,
         callbacks: CallbackList,
-        check_first_step: bool = False,
+        check_first_step: Optional[str] = None,
     ):
         self.model = model
         self.runtime = runtime
@@ -56,8 +68,17 @@ class FitStep:
         self._before_optimizer_step = callbacks.wants("on_before_optimizer_step")
         self._after_optimizer_step = callbacks.wants("on_after_optimizer_step")
         # fit's first-batch checks ride on the real first step (the default train_step, one
-        # process) instead of a forward pass of their own: see checks.checked_first_step.
+        # process) instead of a forward pass of their own: see checks.checked_first_step. The
+        # value is what the messages call the data ("train_data", "x").
         self._check_first_step = check_first_step
+        # A train_step of the user's own may hold several nets and optimizers: every batch starts with
+        # each optimizer's gradients as its last optimizer_step call left them (none at a group's
+        # start), so what another net's loss left on its parameters afterwards never reaches its update.
+        self._own_step = not model.uses_default_train_step
+        self._kept_grads: dict[int, list] = {}  # id(optimizer) -> [(parameter, its gradient then)]
+        self._scheduler_after_update = after_update(model.lr_scheduler, settings.scheduler_interval)
+        self.epochs_done = 0  # set by the run when it resumes: the update count of a timm scheduler follows it
+        self.updates_done = 0  # updates of the model's optimizer since the run began
 
     # -- called by the loop --------------------------------------------------------------
 
@@ -65,36 +86,54 @@ class FitStep:
         self._num_batches = num_batches
         self._waiting = 0
         self._deferred.clear()
+        if num_batches is not None:  # timm's count: epoch * updates_per_epoch (also after a resume)
+            self.updates_done = self.epochs_done * math.ceil(num_batches / self.accumulate)
+        self.epochs_done += 1
         # Gradients left by the user's own backward, or by a run stopped mid-group, must not
         # leak into this epoch's first update.
         self.model.optimizer.zero_grad(set_to_none=True)
 
-    def run(self, batch_index: int, batch: Any) -> tuple[torch.Tensor, Any, Any]:
-        """The model's ``train_step`` on one batch; returns its ``(loss, preds, labels)``."""
+    def run(self, batch_index: int, batch: Any) -> Any:
+        """The model's ``train_step`` on one batch; returns what it returns: ``(loss, preds, labels)``,
+        or a dict of named values."""
+        if self._own_step:
+            self._drop_stray_gradients()
         self._waiting += 1
         self.updates_now = self._waiting == self.accumulate or batch_index + 1 == self._num_batches
         # Gradients are exchanged between processes only on the batch that ends a group.
         with _UPDATE_NOW if self.updates_now else self.runtime.strategy.no_sync(self.model.net):
-            if self._check_first_step:
-                self._check_first_step = False
-                outputs = checked_first_step(self.model, batch, self.runtime)
+            if self._check_first_step is not None:
+                name, self._check_first_step = self._check_first_step, None
+                outputs = checked_first_step(self.model, batch, self.runtime, name)
             else:
                 outputs = self.model.train_step(batch)
         if self.updates_now:
             self._waiting = 0
             self._deferred.clear()
+            self._kept_grads.clear()
         self._update_scaler()
         return outputs
 
     def end_epoch(self) -> None:
         """Step a last, shorter group: from a loader of unknown length, or stopped by a callback."""
         if self._waiting:
+            if self._own_step:
+                self._drop_stray_gradients()
             self.runtime.strategy.finish_accumulation(self.model.net, self.runtime)
             for optimizer in self._deferred or [self.model.optimizer]:
                 self._step(optimizer, grad_factor=self.accumulate / self._waiting)
             self._update_scaler()
             self._waiting = 0
         self._deferred.clear()
+        self._kept_grads.clear()
+
+    def _drop_stray_gradients(self) -> None:
+        """Every gradient of the net back to what its optimizer's last ``optimizer_step`` call in this
+        accumulation group saw (none at the group's start)."""
+        self.model.net.zero_grad(set_to_none=True)
+        for kept in self._kept_grads.values():
+            for parameter, grad in kept:
+                parameter.grad = grad
 
     # -- called by train_step, through the model --------------------------------------------
 
@@ -117,8 +156,12 @@ class FitStep:
         optimizer = self.model.optimizer if optimizer is None else optimizer
         if self.updates_now:
             self._step(optimizer, grad_factor=self.accumulate / self._waiting)
-        elif not any(optimizer is waiting for waiting in self._deferred):
+            return
+        if not any(optimizer is waiting for waiting in self._deferred):
             self._deferred.append(optimizer)
+        if self._own_step:  # its gradients so far are its own: keep them from what later losses add
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            self._kept_grads[id(optimizer)] = [(p, None if p.grad is None else p.grad.clone()) for p in params]
 
     # -- the update ------------------------------------------------------------------------------
 
@@ -145,9 +188,10 @@ class FitStep:
         optimizer.zero_grad(set_to_none=True)
         if self._after_optimizer_step:
             self.callbacks.call("on_after_optimizer_step", optimizer)
-        model = self.model
-        if optimizer is model.optimizer and model.lr_scheduler is not None and settings.scheduler_interval == "step":
-            model.lr_scheduler.step()
+        if optimizer is self.model.optimizer:
+            self.updates_done += 1
+            if self._scheduler_after_update is not None:
+                self._scheduler_after_update(self.updates_done)
 
     def _update_scaler(self) -> None:
         # Once per batch, after every optimizer has stepped, as torch's AMP recipe asks.
@@ -156,4 +200,18 @@ class FitStep:
             self._scaler_stepped = False
 
 
-__all__ = ["FitStep"]
+def run_once(model: TrainableModel, runtime: Runtime, settings: StepSettings, batch: Any) -> Any:
+    """The model's ``train_step`` on one batch as fit's first step runs it (train mode, a group of one
+    batch, the optimizers stepped), with a ``FitStep`` of its own and no callbacks: the trial of a step
+    of the user's own, which :func:`~kerastorch.checks.first_batch.check_own_step` runs inside a snapshot."""
+    trial = FitStep(model, runtime, settings, CallbackList([], model, {}))
+    model.fit_step = trial  # what model.backward / model.optimizer_step use inside train_step
+    try:
+        with train_mode(model.net):
+            trial.start_epoch(1)
+            return trial.run(0, batch)
+    finally:
+        model.fit_step = None
+
+
+__all__ = ["FitStep", "run_once"]
