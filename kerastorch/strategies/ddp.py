@@ -71,7 +71,8 @@ class DDP(Strategy):
         train_loader, val_loader = shard_loaders(runtime, train_data, val_data, even_validation)
         users_net = model.net
         try:
-            if self.find_unused_parameters is None:
+            # A train_step of the user's own steps the optimizer itself: only fit's step can be tried aside.
+            if self.find_unused_parameters is None and getattr(model, "uses_default_train_step", False):
                 refuse_unused_parameters(model, train_data, runtime)
             with ddp_options(runtime.accelerator, find_unused_parameters=bool(self.find_unused_parameters)):
                 model.net = runtime.accelerator.prepare_model(bare_module(users_net), device_placement=False)
