@@ -29,7 +29,7 @@ from ..callbacks.early_stopping import EarlyStopping, early_stoppings_in
 from ..callbacks.live_plot import LivePlot
 from ..callbacks.progress import ProgressBar
 from ..callbacks.terminate_on_nan import TerminateOnNaN
-from ..callbacks.training_state import TrainingState, resumed_history, training_state_path
+from ..callbacks.training_state import TrainingState, resumed_history, training_state_path, training_states_in
 from ..callbacks.wandb_logger import WandbLogger
 from ..checks.first_batch import check_first_batch
 from ..checks.model import check_model_for_fit
@@ -50,6 +50,8 @@ from .history import history_columns, history_frame
 from .loop import FitEpochs, fit_loop
 from .meters import EpochMeters
 from .parts import ModelParts
+from .position import RunPosition
+from .preemption import Preemption, preemption_for, signals_passed_to_workers
 from .protocols import Epochs, TrainableModel
 from .step import FitStep
 
@@ -78,7 +80,8 @@ def fit(model: TrainableModel, data: FitData, settings: FitSettings, lr_schedule
             work = functools.partial(
                 _fit_as_worker, model, train_data, val_data, settings, plan.for_worker(), class_weights
             )
-            return take_results(model, run_in_workers(plan, work))
+            with signals_passed_to_workers():
+                return take_results(model, run_in_workers(plan, work))
         return fit_here(model, train_data, val_data, settings, plan, class_weights)
 
 
@@ -153,14 +156,20 @@ def fit_here(
         # A program's runner gathers over the processes at every batch: they must all run as many.
         sharing = runtime.strategy.training(model, runtime, train_data, val_data, even_validation=runners is not None)
         with sharing as (train_loader, val_loader), compiled_net(model, settings.devices.compile):
-            train_loader = per_process_training_data(train_loader, settings.data, class_weights)
+            train_loader = per_process_training_data(
+                train_loader, settings.data, class_weights, followed=keeps_training_state(settings)
+            )
             if not runtime.is_main_process:  # one process prints, draws and logs
                 settings = dataclasses.replace(settings, output=settings.output.silenced())
-            callbacks = callbacks_for_fit(model, settings, train_loader, val_loader, columns)
+            meters = epoch_meters(model, runtime, settings) if runners is None else {}
+            position, preemption = RunPosition(meters.get("train")), preemption_for(runtime)
+            callbacks = callbacks_for_fit(
+                model, settings, train_loader, val_loader, columns, position, preemption, mid_epoch=runners is None
+            )
             steps = FitStep(model, runtime, settings.step, callbacks, checks_ride_on_first_step)
             stages: Epochs
             if runners is None:
-                stages = FitEpochs(model, runtime, callbacks, epoch_meters(model, runtime, settings), steps)
+                stages = FitEpochs(model, runtime, callbacks, meters, steps, position, preemption)
             else:
                 unchecked = settings.monitoring.monitor if columns is None else None
                 stages = RunnerEpochs(model, runners, runtime, callbacks, unchecked_monitor=unchecked)
@@ -169,7 +178,17 @@ def fit_here(
                 chosen = f"{watch.mode}, from its name" if watch.mode_was_auto else watch.mode
                 model.print(f"{runtime.describe()}; best weights by {watch.monitor} ({chosen})")
             return train_with_callbacks(
-                model, stages, train_loader, val_loader, runtime, callbacks, steps, settings, columns
+                model,
+                stages,
+                train_loader,
+                val_loader,
+                runtime,
+                callbacks,
+                steps,
+                settings,
+                columns,
+                position,
+                preemption,
             )
     finally:
         runtime.teardown()
@@ -229,8 +248,11 @@ def train_with_callbacks(
     steps: FitStep,
     settings: FitSettings,
     columns: Optional[list[str]],
+    position: Optional[RunPosition] = None,
+    preemption: Optional[Preemption] = None,
 ) -> pd.DataFrame:
-    """The epochs between ``on_train_begin`` and ``on_train_end``; Ctrl-C returns the history so far.
+    """The epochs between ``on_train_begin`` and ``on_train_end``; Ctrl-C returns the history so far,
+    a preemption signal raises :class:`~kerastorch.training.preemption.Preempted` once the state is written.
 
     ``columns`` are the history's columns after ``epoch`` (None: known only once an epoch ran).
     """
@@ -258,6 +280,8 @@ def train_with_callbacks(
                 rows,
                 first_epoch=rows[-1]["epoch"] + 1 if rows else 1,
                 validation_freq=settings.data.validation_freq,
+                position=position,
+                preemption=preemption,
             )
     except KeyboardInterrupt:
         restored = "the best weights restored" if rows else "the weights from before training restored"
@@ -272,14 +296,24 @@ def train_with_callbacks(
     return model.history
 
 
+def keeps_training_state(settings: FitSettings) -> bool:
+    """A training state is kept: ``resume=True`` with a ``ckpt_path``, or a BackupAndRestore among the callbacks."""
+    watch = settings.monitoring
+    return bool(watch.resume and watch.ckpt_path is not None) or bool(training_states_in(settings.callbacks or ()))
+
+
 def callbacks_for_fit(
     model: TrainableModel,
     settings: FitSettings,
     train_loader: Any,
     val_loader: Optional[Any],
     columns: Optional[list[str]],
+    position: Optional[RunPosition] = None,
+    preemption: Optional[Preemption] = None,
+    mid_epoch: bool = True,
 ) -> CallbackList:
-    """fit's own callbacks, the user's, the training state (it keeps theirs) and the progress bar.
+    """fit's own callbacks, the user's, the training state (it keeps theirs), the preemption watch
+    and the progress bar.
 
     They run in the order of their ``order`` attribute (see :class:`~kerastorch.Callback`).
     ``columns`` are the history's columns after ``epoch`` (None: known only after an epoch).
@@ -304,9 +338,20 @@ def callbacks_for_fit(
         chosen.append(WandbLogger(**(output.wandb if isinstance(output.wandb, dict) else {})))
     chosen.extend(settings.callbacks)
     if watch.resume and watch.ckpt_path is not None:  # the door refuses resume without a ckpt_path
-        chosen.append(
-            TrainingState(training_state_path(watch.ckpt_path), list(chosen), (train_loader, val_loader), verbose=says)
+        chosen.append(TrainingState(training_state_path(watch.ckpt_path), verbose=says))
+    states = training_states_in(chosen)
+    if len(states) > 1:
+        raise ValueError(
+            f"fit was given {len(states)} training states ({', '.join(type(s).__name__ for s in states)}): they "
+            "would each restore the run. Keep one: resume=True (with ckpt_path), or one BackupAndRestore."
         )
+    position = position if position is not None else RunPosition()
+    for state in states:
+        state.attach(list(chosen), (train_loader, val_loader), position, mid_epoch)
+        if preemption is not None:
+            preemption.keep_state_with(state)
+    if preemption is not None:
+        chosen.append(preemption)
     chosen.append(ProgressBar(verbose=output.verbose))
     params = {
         "epochs": settings.epochs,
