@@ -317,7 +317,7 @@ def test_a_datasets_own_generator_is_part_of_the_state(tmp_path):
     straight = tiny_run([])
     with pytest.raises(RuntimeError, match="crash"):
         tiny_run([FailAt(2, 0)], ckpt_path=ckpt, resume=True)
-    saved = load_state_file(training_state_path(ckpt))["processes"][0]["rng"]["datasets"]
+    saved = load_state_file(training_state_path(ckpt))["processes"][0]["rng"]["data_generators"]
     assert len(saved[0]) == 1 and saved[0][0]["bit_generator"] == "PCG64"  # the train Dataset's `own`
     assert_same(tiny_run([], ckpt_path=ckpt, resume=True), straight)
 
@@ -333,6 +333,34 @@ def test_a_mid_epoch_state_keeps_the_epochs_partial_sums_and_its_lr(tmp_path):
     assert set(meters["meters"]) == {"acc"}  # the torchmetrics Accuracy's states so far
     assert state["epoch_lr"] == pytest.approx(state["history"][0]["lr"] * 0.7**3)  # 12 steps of a StepLR(4, 0.7)
     assert state["processes"][0]["data"]["pass"]["trained"] == 6
+
+
+class OwnShuffle(torch.utils.data.Sampler):
+    """A sampler that shuffles with a numpy Generator of its own."""
+
+    def __init__(self, n):
+        self.n, self.rng = n, np.random.default_rng(5)
+
+    def __iter__(self):
+        return iter(self.rng.permutation(self.n).tolist())
+
+    def __len__(self):
+        return self.n
+
+
+def test_a_custom_samplers_own_generator_resumes_mid_epoch(tmp_path):
+    def run(callbacks):
+        kt.seed_everything(0)
+        dl = DataLoader(Noisy(), batch_size=8, sampler=OwnShuffle(96))
+        net = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2))
+        model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+        return model.fit(dl, epochs=3, verbose=0, callbacks=callbacks), dict(net.state_dict())
+
+    straight = run([])
+    backup = lambda: kt.callbacks.BackupAndRestore(tmp_path / "b", save_freq=5, delete_checkpoint=False)
+    with pytest.raises(RuntimeError, match="crash"):
+        run([backup(), FailAt(2, 8)])
+    assert_same(run([backup()]), straight)
 
 
 class MakesAFile:

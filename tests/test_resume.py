@@ -219,7 +219,7 @@ def test_the_state_file_holds_the_whole_run_and_loads_without_pickle(tmp_path):
     assert all("momentum_buffer" in s for s in state["optimizer"]["state"].values())
     assert state["batches"] == 0 and len(state["processes"]) == 1  # after an epoch; one process's part
     rng = state["processes"][0]["rng"]
-    assert set(rng) >= {"python", "numpy", "torch", "cuda", "data_order", "datasets"}
+    assert set(rng) >= {"python", "numpy", "torch", "cuda", "data_order", "data_generators"}
     assert len(rng["data_order"][0]) == 1  # the train loader's generator
     assert sorted(os.listdir(tmp_path)) == ["best.safetensors", "best.safetensors.state"]
 

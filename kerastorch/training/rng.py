@@ -102,15 +102,17 @@ _GENERATORS = (np.random.Generator, np.random.RandomState, random.Random, torch.
 _SEARCH_DEPTH, _SEARCH_WIDTH = 4, 16
 
 
-def dataset_generators(loader: Any) -> list[Any]:
-    """The random generators the loader's Dataset keeps as attributes, in a fixed order: its own,
-    its transforms', and those of the datasets it wraps (``Subset``, ``ConcatDataset``).
+def data_generators(loader: Any) -> list[Any]:
+    """The random generators the loader's Dataset and samplers keep as attributes, in a fixed order:
+    the Dataset's own, its transforms', those of the datasets it wraps (``Subset``,
+    ``ConcatDataset``) and a custom sampler's (the shuffle generators of
+    :func:`data_order_generators` aside).
 
     Their states are part of :func:`capture_rng_state`, so that a Dataset drawing from
     ``self.rng`` repeats its draws in a resumed run as it does from the global generators.
     """
     found: list[Any] = []
-    seen: set[int] = set()
+    seen: set[int] = {id(g) for g in data_order_generators(loader)}
 
     def walk(obj: Any, depth_left: int) -> None:
         if id(obj) in seen or obj is None or isinstance(obj, (int, float, str, bytes, torch.Tensor, np.ndarray)):
@@ -130,8 +132,12 @@ def dataset_generators(loader: Any) -> list[Any]:
         for child in children:
             walk(child, depth_left - 1)
 
-    for holder in _order_holders(loader).values():
+    holders = _order_holders(loader)
+    for holder in holders.values():
         walk(getattr(holder, "dataset", None), _SEARCH_DEPTH)
+    for path, holder in holders.items():
+        if path.endswith("sampler"):
+            walk(holder, _SEARCH_DEPTH)
     return found
 
 
@@ -170,7 +176,7 @@ def capture_rng_state(loaders: Iterable[Any] = ()) -> dict:
         "mps": torch.mps.get_rng_state() if mps_available() else None,
         "data_order": [[g.get_state() for g in data_order_generators(loader)] for loader in loaders],
         "data_counters": [data_order_counters(loader) for loader in loaders],
-        "datasets": [[generator_state(g) for g in dataset_generators(loader)] for loader in loaders],
+        "data_generators": [[generator_state(g) for g in data_generators(loader)] for loader in loaders],
     }
     return state
 
@@ -211,8 +217,8 @@ def restore_rng_state(state: dict, loaders: Iterable[Any] = ()) -> None:
             continue
         for generator, saved_state in zip(generators, saved):
             generator.set_state(saved_state)
-    for loader, saved in zip(loaders, state.get("datasets", [])):
-        _restore_dataset_generators(loader, saved)
+    for loader, saved in zip(loaders, state.get("data_generators", [])):
+        _restore_data_generators(loader, saved)
 
 
 def worker_rng_state(dataset: Any) -> dict:
@@ -225,7 +231,7 @@ def worker_rng_state(dataset: Any) -> dict:
         "python": (version, np.asarray(words, dtype=np.uint32).tobytes(), gauss),
         "numpy": (np.asarray(key, dtype=np.uint32).tobytes(), int(pos), int(has_gauss), float(numpy_gauss)),
         "torch": torch.get_rng_state().numpy().tobytes(),
-        "dataset": [generator_state(g) for g in dataset_generators(_DatasetHolder(dataset))],
+        "dataset": [generator_state(g) for g in data_generators(_DatasetHolder(dataset))],
     }
 
 
@@ -236,22 +242,23 @@ def restore_worker_rng_state(state: dict, dataset: Any) -> None:
     key, pos, has_gauss, numpy_gauss = state["numpy"]
     np.random.set_state(("MT19937", np.frombuffer(key, dtype=np.uint32).copy(), pos, has_gauss, numpy_gauss))
     torch.set_rng_state(torch.frombuffer(bytearray(state["torch"]), dtype=torch.uint8))
-    _restore_dataset_generators(_DatasetHolder(dataset), state["dataset"])
+    _restore_data_generators(_DatasetHolder(dataset), state["dataset"])
 
 
 class _DatasetHolder:
-    """A dataset seen as a loader's is, so that :func:`dataset_generators` finds the same generators."""
+    """A dataset seen as a loader's is, so that :func:`data_generators` finds the same generators."""
 
     def __init__(self, dataset: Any):
         self.dataset = dataset
 
 
-def _restore_dataset_generators(loader: Any, saved: list) -> None:
-    generators = dataset_generators(loader)
+def _restore_data_generators(loader: Any, saved: list) -> None:
+    generators = data_generators(loader)
     if len(generators) != len(saved):
         warnings.warn(
-            f"The Dataset keeps {len(generators)} random generator(s) of its own where the saved run's kept "
-            f"{len(saved)}; they are not restored, so its random draws may differ from the saved run's.",
+            f"The data keeps {len(generators)} random generator(s) of its own (in its Dataset or sampler) where "
+            f"the saved run's kept {len(saved)}; they are not restored, so its random draws may differ from the "
+            "saved run's.",
             stacklevel=3,
         )
         return
@@ -308,7 +315,7 @@ __all__ = [
     "capture_rng_state",
     "data_order_counters",
     "data_order_generators",
-    "dataset_generators",
+    "data_generators",
     "restore_rng_state",
     "restore_worker_rng_state",
     "worker_rng_state",
