@@ -396,3 +396,19 @@ def test_on_a_gpu_the_grad_scaler_and_cuda_generators_are_saved_and_restored(tmp
     pd.testing.assert_frame_equal(history.iloc[:2], first_history, check_exact=True)
     assert reader.scale == float(state["grad_scaler"]["scale"])
     assert torch.equal(reader.cuda_rng, state["rng"]["cuda"][torch.cuda.current_device()])
+
+
+def test_a_state_written_by_the_previous_version_still_resumes_exactly(tmp_path):
+    # Version 1 (epochs only) kept one random state for every process, at the top of the file.
+    ckpt = tmp_path / "best.safetensors"
+    dl_train, dl_val = tiny_data()
+    straight = tiny_model().fit(dl_train, dl_val, epochs=3, patience=None, verbose=0)
+    dl_train, dl_val = tiny_data()
+    tiny_model().fit(dl_train, dl_val, epochs=2, patience=None, verbose=0, ckpt_path=ckpt, resume=True)
+    state = load_state_file(training_state_path(ckpt))
+    rng = state.pop("processes")[0]["rng"]
+    del state["batches"], state["epoch_lr"], rng["data_generators"]
+    torch.save({**state, "version": 1, "rng": rng}, training_state_path(ckpt))
+    dl_train, dl_val = tiny_data()
+    resumed = tiny_model().fit(dl_train, dl_val, epochs=3, patience=None, verbose=0, ckpt_path=ckpt, resume=True)
+    pd.testing.assert_frame_equal(resumed, straight, check_exact=True)

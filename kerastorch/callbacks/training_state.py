@@ -195,9 +195,10 @@ class TrainingState(Callback):
     def _losses_are_finite(self, batches: int) -> bool:
         if self.history and not losses_are_finite(self.history[-1]):
             return False
-        meters = self.position.train_meters
-        if batches and meters is not None:  # the epoch's running loss: one read, at the save only
-            return bool(torch.isfinite(meters.loss_sum).item())
+        meters, runtime = self.position.train_meters, getattr(self.model, "runtime", None)
+        if batches and meters is not None:  # the epoch's running loss (every process's): one read, at the save only
+            loss_sum = runtime.reduce_sum(meters.loss_sum.clone()) if runtime is not None else meters.loss_sum
+            return bool(torch.isfinite(loss_sum).item())
         return True
 
     # -- the state -------------------------------------------------------------------------
