@@ -66,8 +66,9 @@ def make_parts(make_net, lr=1e-3):
     )
 
 
-def run_bare(make_net, dl_train, dl_val, epochs, device):
-    net, loss_fn, optimizer, _ = make_parts(make_net)
+def run_bare(make_net, dl_train, dl_val, epochs, device, parts=None):
+    """``parts``: ``make_parts(make_net)`` built beforehand (to time the loop alone), else built here."""
+    net, loss_fn, optimizer, _ = parts or make_parts(make_net)
     net.to(device)
     start = time.perf_counter()
     for _ in range(epochs):
@@ -88,9 +89,9 @@ def run_bare(make_net, dl_train, dl_val, epochs, device):
     return (time.perf_counter() - start) / epochs
 
 
-def run_seed_loop(make_net, dl_train, dl_val, epochs, device, ckpt_path):
-    """Seed 003's hand-written loop, its bugs (step9) fixed, on `device`."""
-    net, loss_fn, optimizer, metric = make_parts(make_net)
+def run_seed_loop(make_net, dl_train, dl_val, epochs, device, ckpt_path, parts=None):
+    """Seed 003's hand-written loop, its bugs (step9) fixed, on `device` (``parts`` as in run_bare)."""
+    net, loss_fn, optimizer, metric = parts or make_parts(make_net)
     net.to(device)
     metrics_dict = {"acc": metric.to(device)}
     history, monitor, patience, mode = {}, "val_acc", 5, "max"

@@ -8,12 +8,12 @@
 Each worker of ``TorchTrainer`` runs ``train_loop_per_worker``, which calls ``model.fit``.
 Ray has already made the process group (gloo on the CPU, NCCL on GPUs) and set ``RANK``,
 ``WORLD_SIZE`` and ``LOCAL_RANK``: ``fit`` runs as one rank of that job, as under torchrun
-(``kt.cluster_environment()`` names it ``"ray"``). The callback below reports each epoch's
-values with ``ray.train.report``, with the best weights and the training state of worker 0
-attached as a ``ray.train.Checkpoint``: Ray Train keeps ``result.metrics`` only from
-reports that carry a checkpoint, and a worker restarted by ``FailureConfig(max_failures=...)``
-finds the last one with ``ray.train.get_checkpoint()``, so ``fit(resume=True)`` continues
-where the job stopped and ends with the history of an uninterrupted run.
+(``kt.cluster_environment()`` names it ``"ray"``). Nothing in the loop talks to Ray: fit
+reports each epoch's row of the history with ``ray.train.report`` by itself, with worker 0's
+best weights and training state attached as a ``ray.train.Checkpoint``, so ``result.metrics``
+holds the last epoch; and a worker group restarted by ``FailureConfig(max_failures=...)``
+finds its files in ``ray.train.get_checkpoint()``, so ``fit(resume=True)`` continues where
+the job stopped and ends with the history of an uninterrupted run.
 
 On a Ray cluster, call ``ray.init()`` without ``num_cpus``, give ``ScalingConfig``
 ``use_gpu=True`` for one GPU per worker, and give ``RunConfig`` a ``storage_path`` that
@@ -24,12 +24,13 @@ import argparse
 import os
 import shutil
 import tempfile
+import time
 
 import ray
 import ray.train
 import torch
 import torchmetrics
-from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
+from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from torch import nn
 
@@ -37,32 +38,13 @@ import kerastorch as kt
 from kerastorch.examples import digits_loaders
 
 
-class ReportToRay(kt.Callback):
-    """Report each epoch's values to Ray Train, with worker 0's best weights and training state.
-
-    ``ray.train.report`` waits for every worker, so every worker reports every epoch;
-    only worker 0 attaches the checkpoint (its files are the ones fit writes).
-    """
-
-    order = 95  # after the training state is written (90), before the progress bar (100)
-
-    def __init__(self, ckpt_path: str):
-        self.files = [ckpt_path, ckpt_path + ".state"]
-
-    def on_epoch_end(self, epoch, logs=None):
-        metrics = {"epoch": epoch, **{name: float(value) for name, value in (logs or {}).items()}}
-        with tempfile.TemporaryDirectory() as folder:
-            checkpoint = None
-            if ray.train.get_context().get_world_rank() == 0:
-                for path in self.files:
-                    if os.path.exists(path):
-                        shutil.copy(path, folder)
-                checkpoint = Checkpoint.from_directory(folder)
-            ray.train.report(metrics, checkpoint=checkpoint)  # copies the folder to the run's storage
-
-
 class FailOnce(kt.Callback):
-    """Kill worker 1 at the start of epoch 2, once (the marker file remembers that it happened)."""
+    """Kill worker 1 at the start of epoch 2, once (the marker file remembers that it happened).
+
+    It waits a few seconds first: Ray's controller collects the workers' reports when it polls
+    them (every 2 s), and a report it has not collected yet is lost with the worker (the run
+    would then start again from the report before, here from scratch).
+    """
 
     def __init__(self, marker: str):
         self.marker = marker
@@ -70,19 +52,13 @@ class FailOnce(kt.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         if epoch == 2 and ray.train.get_context().get_world_rank() == 1 and not os.path.exists(self.marker):
             open(self.marker, "w").close()
+            time.sleep(5)
             os._exit(1)  # as a crash or a preempted node: no Python cleanup
 
 
 def train_loop_per_worker(config: dict):
-    # Each worker keeps its files on its own machine; after a restart they come back from Ray's checkpoint.
+    # Each worker keeps its files on its own machine; after a restart fit brings them back from Ray's checkpoint.
     workdir = tempfile.mkdtemp(prefix="kerastorch-ray-")
-    ckpt_path = os.path.join(workdir, "best.safetensors")
-    restored = ray.train.get_checkpoint()
-    if restored is not None:
-        with restored.as_directory() as folder:
-            for name in os.listdir(folder):
-                shutil.copy(os.path.join(folder, name), workdir)
-
     torch.manual_seed(0)
     dl_train, dl_val = digits_loaders(batch_size=64, size=8)
     net = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
@@ -92,18 +68,16 @@ def train_loop_per_worker(config: dict):
         {"acc": torchmetrics.Accuracy(task="multiclass", num_classes=10)},
         torch.optim.Adam(net.parameters(), lr=1e-2),
     )
-    callbacks = [ReportToRay(ckpt_path)]
-    if config.get("fail_marker"):
-        callbacks.append(FailOnce(config["fail_marker"]))
+    callbacks = [FailOnce(config["fail_marker"])] if config.get("fail_marker") else []
     history = model.fit(
         dl_train,
         dl_val,
         epochs=config["epochs"],
         accelerator="cpu",
-        ckpt_path=ckpt_path,
+        ckpt_path=os.path.join(workdir, "best.safetensors"),
         resume=True,
         callbacks=callbacks,
-        verbose=0,
+        verbose=2,
     )
     shutil.rmtree(workdir, ignore_errors=True)
     return history  # worker 0's comes back as result.return_value

@@ -1,4 +1,5 @@
-"""The one door for the keywords of ``fit``, ``fit_one_cycle``, ``lr_find`` and ``doctor``.
+"""The one door for the keywords of ``fit``, ``fit_one_cycle``, ``lr_find``, ``doctor``, ``evaluate``
+and ``predict``.
 
 Users type the words Keras, torchkeras and Lightning taught them: ``x=`` or ``train_data=``,
 ``validation_data=`` or ``val_data=``, ``quiet=True`` or ``verbose=0``, ``mixed_precision="bf16"``
@@ -29,16 +30,19 @@ from .checks.values import check_flag, check_whole_number
 from .compat.arguments import verbose_from_quiet
 from .compat.callbacks import as_callback
 from .compat.runners import program_runners
-from .data.forms import FitData, keras_positional
+from .data.forms import EvalData, FitData, keras_positional
+from .data.sample_weights import check_sample_weight
 from .devices.words import parse_accelerator_word, parse_precision
 from .files.weights import check_writable
 from .settings import (
     DataSettings,
     DeviceSettings,
+    EvaluateSettings,
     FinderSettings,
     FitSettings,
     MonitorSettings,
     OutputSettings,
+    PredictSettings,
     StepSettings,
 )
 from .strategies import Strategy, parse_strategy
@@ -82,6 +86,9 @@ def fit_arguments(
     sample_weight: Any = None,
     steps_per_epoch: Optional[int] = None,
     validation_freq: int = 1,
+    initial_epoch: int = 0,
+    validation_steps: Optional[int] = None,
+    validation_batch_size: Optional[int] = None,
     weighted_metrics: Optional[dict] = None,
     doctor: bool = False,
     compile: Union[bool, str, dict] = False,
@@ -91,13 +98,28 @@ def fit_arguments(
     ``KerasModel.fit`` for what each means)."""
     data = fit_data(train_data, val_data, x, y, validation_data, sample_weight)
     data_settings = data_arguments(
-        batch_size, shuffle, validation_split, class_weight, steps_per_epoch, validation_freq
+        batch_size,
+        shuffle,
+        validation_split,
+        class_weight,
+        steps_per_epoch,
+        validation_freq,
+        validation_steps,
+        validation_batch_size,
     )
     if validation_split and data.val is not None:
         raise ValueError("Both validation_split and val_data/validation_data were given; pass only one of them.")
     check_whole_number("epochs", epochs, minimum=0)
+    check_initial_epoch(initial_epoch, epochs, resume)
     check_weighted_metrics(weighted_metrics, model.metrics_dict)
     has_val = data.val is not None or bool(validation_split)
+    check_validation_freq(validation_freq, epochs, has_val)
+    for name, value in (("validation_steps", validation_steps), ("validation_batch_size", validation_batch_size)):
+        if value is not None and not has_val:
+            raise ValueError(
+                f"{name}={value} applies to validation data, and there is none: pass validation_data=(X_val, y_val) "
+                f"or validation_split=0.2, or drop {name}."
+            )
     metric_names = [*model.metrics_dict, *(weighted_metrics or {})]
     monitoring = monitor_arguments(
         model, monitor, mode, min_delta, patience, ckpt_path, resume, has_val, metric_names, weighted_metrics
@@ -119,8 +141,65 @@ def fit_arguments(
         data=data_settings,
         doctor=check_flag("doctor", doctor),
         weighted_metrics=weighted_metrics,
+        initial_epoch=initial_epoch,
     )
     return data, settings
+
+
+def evaluate_arguments(
+    model: Any,
+    data: Any = None,
+    y: Any = None,
+    batch_size: Optional[int] = None,
+    verbose: int = 1,
+    sample_weight: Any = None,
+    steps: Optional[int] = None,
+    callbacks: Optional[Sequence] = None,
+    return_dict: bool = True,
+    *,
+    x: Any = None,
+    val_data: Any = None,
+    quiet: Optional[bool] = None,
+) -> tuple[EvalData, EvaluateSettings]:
+    """``KerasModel.evaluate``'s keywords, checked: the data given, and how it is evaluated (Keras's
+    keywords in Keras's order; ``x=`` and torchkeras's ``val_data=`` name the data, ``quiet=True``
+    is ``verbose=0``)."""
+    data = one_of("data", one_of("data", data, "x", x), "val_data", val_data)
+    if data is None:
+        raise ValueError(
+            "evaluate needs data: evaluate(X, y), evaluate((X, y)), evaluate(dataset) or evaluate(loader)."
+        )
+    settings = EvaluateSettings(
+        batch_size=batch_size_argument("batch_size", batch_size),
+        verbose=verbose_argument(verbose, quiet),
+        steps=steps_argument("steps", steps),
+        callbacks=callback_arguments(callbacks),
+        return_dict=check_flag("return_dict", return_dict, error=TypeError),
+    )
+    return EvalData(data, y, sample_weight), settings
+
+
+def predict_arguments(
+    model: Any,
+    data: Any = None,
+    batch_size: Optional[int] = None,
+    verbose: int = 1,
+    steps: Optional[int] = None,
+    callbacks: Optional[Sequence] = None,
+    *,
+    x: Any = None,
+) -> tuple[EvalData, PredictSettings]:
+    """``KerasModel.predict``'s keywords, checked (Keras's, in Keras's order; ``x=`` names the data)."""
+    data = one_of("data", data, "x", x)
+    if data is None:
+        raise ValueError("predict needs data: predict(X), predict([X1, X2]), predict(dataset) or predict(loader).")
+    settings = PredictSettings(
+        batch_size=batch_size_argument("batch_size", batch_size),
+        verbose=verbose_argument(verbose, None),
+        steps=steps_argument("steps", steps),
+        callbacks=callback_arguments(callbacks),
+    )
+    return EvalData(data), settings
 
 
 def finder_arguments(
@@ -204,6 +283,7 @@ def fit_data(train: Any, val: Any, x: Any, y: Any, validation_data: Any, sample_
     train = one_of("train_data", train, "x", x)
     y, val = keras_positional(train, val, y)
     val = one_of("val_data", val, "validation_data", validation_data)
+    check_sample_weight(sample_weight)
     return FitData(train, val, y, sample_weight)
 
 
@@ -223,10 +303,12 @@ def data_arguments(
     class_weight: Any = None,
     steps_per_epoch: Any = None,
     validation_freq: Any = 1,
+    validation_steps: Any = None,
+    validation_batch_size: Any = None,
 ) -> DataSettings:
     """Keras's words for how arrays and Datasets become batches, and how long an epoch is."""
-    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1 or isinstance(batch_size, bool)):
-        raise ValueError(f"batch_size={batch_size!r}; use a whole number of samples >= 1, e.g. 32.")
+    batch_size_argument("batch_size", batch_size)
+    batch_size_argument("validation_batch_size", validation_batch_size)
     check_flag("shuffle", shuffle, error=TypeError)
     if (
         not isinstance(validation_split, (int, float))
@@ -236,10 +318,34 @@ def data_arguments(
         raise ValueError(
             f"validation_split={validation_split!r}; use a fraction in [0, 1), e.g. 0.2 for the last 20 %."
         )
-    if steps_per_epoch is not None:
-        check_whole_number("steps_per_epoch", steps_per_epoch, minimum=1, hint=" (or None for whole passes)")
+    steps_argument("steps_per_epoch", steps_per_epoch)
     check_whole_number("validation_freq", validation_freq, minimum=1)
-    return DataSettings(batch_size, shuffle, validation_split, class_weight, steps_per_epoch, validation_freq)
+    steps_argument("validation_steps", validation_steps)
+    return DataSettings(
+        batch_size,
+        shuffle,
+        validation_split,
+        class_weight,
+        steps_per_epoch,
+        validation_freq,
+        validation_steps,
+        validation_batch_size,
+    )
+
+
+def batch_size_argument(name: str, size: Any) -> Optional[int]:
+    """A number of samples per batch, or None for the default (32, or sized from ``steps``)."""
+    if size is not None and (not isinstance(size, int) or size < 1 or isinstance(size, bool)):
+        raise ValueError(f"{name}={size!r}; use a whole number of samples >= 1, e.g. 32.")
+    return size
+
+
+def steps_argument(name: str, steps: Any) -> Optional[int]:
+    """Keras's ``steps_per_epoch``, ``validation_steps`` and ``steps``: a number of batches, or None for
+    a whole pass."""
+    if steps is not None:
+        check_whole_number(name, steps, minimum=1, hint=" (or None for a whole pass over the data)")
+    return steps
 
 
 def monitor_arguments(
@@ -291,10 +397,15 @@ def step_arguments(
 
 def output_arguments(verbose: Any, quiet: Optional[bool], plot: Any, wandb: Any) -> OutputSettings:
     """What the run shows: progress (``verbose``; ``quiet=True`` is ``verbose=0``), the plot, W&B."""
+    return OutputSettings(verbose_argument(verbose, quiet), plot, wandb)
+
+
+def verbose_argument(verbose: Any, quiet: Optional[bool]) -> int:
+    """Keras's ``verbose`` (0, 1 or 2; True and False too); torchkeras's ``quiet=True`` is ``verbose=0``."""
     verbose = verbose_from_quiet(verbose, quiet)
     if verbose not in (0, 1, 2, False, True):
         raise ValueError(f"verbose={verbose!r}; use 0 (silent), 1 (progress bars) or 2 (one line per epoch).")
-    return OutputSettings(int(verbose), plot, wandb)
+    return int(verbose)
 
 
 def device_arguments(
@@ -361,6 +472,25 @@ def callback_arguments(callbacks: Any) -> tuple[Callback, ...]:
 # -- single values -------------------------------------------------------------------------------
 
 
+def check_initial_epoch(initial_epoch: Any, epochs: int, resume: Any) -> None:
+    """Keras's ``initial_epoch``: how many epochs are already done, so that ``fit`` trains epochs
+    ``initial_epoch + 1 .. epochs`` (1-based, as the history counts them)."""
+    check_whole_number("initial_epoch", initial_epoch, minimum=0)
+    if not initial_epoch:
+        return
+    if resume is True:
+        raise ValueError(
+            f"initial_epoch={initial_epoch} and resume=True were both given. resume=True continues from the epoch its "
+            "training state saved (with the weights, optimizer and history of that run); initial_epoch only numbers "
+            "the epochs of a run that starts from the weights the net has now. Pass one of them."
+        )
+    if initial_epoch >= epochs:
+        raise ValueError(
+            f"initial_epoch={initial_epoch} and epochs={epochs}: epochs is the epoch to end at, as in Keras, so no "
+            f"epoch would train. To train {epochs} more epochs, pass epochs={initial_epoch + epochs}."
+        )
+
+
 def check_resume(resume: Any, ckpt_path: Any) -> None:
     """``resume=True`` keeps the training state beside ``ckpt_path``, which it therefore needs."""
     if not isinstance(resume, bool):
@@ -377,6 +507,17 @@ def check_resume(resume: Any, ckpt_path: Any) -> None:
     if os.path.isdir(state_path):
         raise ValueError(
             f"The training state goes to {state_path!r}, which is a folder. Move it away, or choose another ckpt_path."
+        )
+
+
+def check_validation_freq(validation_freq: int, epochs: int, has_val: bool) -> None:
+    """Validation data that no epoch would validate: no val_loss, no best weights, no ckpt_path file."""
+    if has_val and 0 < epochs < validation_freq:
+        raise ValueError(
+            f"validation_freq={validation_freq} with epochs={epochs}: no epoch is validated (validation runs "
+            f"after epochs {validation_freq}, {2 * validation_freq}, ...), so the run would have no val_loss, no "
+            "best weights and nothing to write to ckpt_path. Pass validation_freq <= epochs (validation_freq=1 "
+            "validates every epoch), or more epochs."
         )
 
 
@@ -420,8 +561,10 @@ def check_weighted_metrics(weighted_metrics: Optional[dict], metrics_dict: dict)
 __all__ = [
     "device_arguments",
     "doctor_arguments",
+    "evaluate_arguments",
     "finder_arguments",
     "fit_arguments",
     "max_lr_argument",
     "parse_compile",
+    "predict_arguments",
 ]

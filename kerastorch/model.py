@@ -124,6 +124,9 @@ class KerasModel(ModuleLike, ModelParts):
         sample_weight: Any = None,
         steps_per_epoch: Optional[int] = None,
         validation_freq: int = 1,
+        initial_epoch: int = 0,
+        validation_steps: Optional[int] = None,
+        validation_batch_size: Optional[int] = None,
         weighted_metrics: Optional[dict] = None,
         doctor: bool = False,
         compile: Union[bool, str, dict] = False,
@@ -140,9 +143,12 @@ class KerasModel(ModuleLike, ModelParts):
             train_data: a DataLoader (or any re-iterable of batches) of ``(x, y)``,
                 ``(x1, ..., xn, y)`` or dicts with a ``labels`` key; or, the Keras way, a torch
                 Dataset, an array ``X`` (a tensor, NumPy array or pandas DataFrame) with ``y``, a
-                tuple ``(X, y)`` / ``(X1, ..., Xn, y)``, or a dict of arrays with a ``labels`` key.
-            val_data: data like ``train_data``, evaluated after every epoch; or None. After an
-                array ``X``, a bare array in this place is ``y`` (Keras's ``fit(X, y)``).
+                tuple ``(X1, X2)`` or dict ``{"a": X1, "b": X2}`` of inputs with ``y``, a tuple
+                ``(X, y)`` / ``(X, y, sample_weight)`` / ``((X1, X2), y)`` (read as Keras reads
+                ``validation_data``), or a dict of arrays with a ``labels`` key.
+            val_data: data like ``train_data``, evaluated after every epoch; or None. After arrays
+                ``X``, ``(X1, X2)`` or a dict of them, a bare array in this place is ``y`` (Keras's
+                ``fit(X, y)``).
             epochs: how many epochs to train (a resumed run counts the ones already done).
             patience: stop after this many epochs without improvement of ``monitor``;
                 None never stops early. Unused when ``callbacks`` holds an ``EarlyStopping``.
@@ -187,17 +193,29 @@ class KerasModel(ModuleLike, ModelParts):
                 for a DataLoader, which has its own.
             shuffle: shuffle the training samples every epoch (loaders kerastorch builds).
             validation_split: validate on the **last** fraction of the samples, taken before
-                shuffling, exactly as Keras does (arrays and Datasets with a length).
+                shuffling, exactly as Keras does: the first ``floor(n * (1 - validation_split))``
+                samples train (arrays and Datasets with a length).
             class_weight: ``{class: weight}`` or ``"balanced"``: each sample's loss is weighted
                 by its class's weight (any data form, DataLoaders too).
             sample_weight: one weight per sample, beside an array ``X`` (in your own dict
                 batches: a ``sample_weight`` key). The weighted loss of a batch of n is
                 ``(1/n) * sum(w_i * loss_i)`` (see :mod:`kerastorch.data.sample_weights`); metrics are unweighted.
             steps_per_epoch: an epoch is this many batches; the next epoch continues the same
-                iterator (for endless streams, or shorter epochs).
+                iterator (for endless streams, or shorter epochs). Without ``batch_size``, the
+                batches kerastorch makes are sized so that this many cover the data (Keras's rule).
             validation_freq: validate every n epochs; the other rows' ``val_*`` cells are NaN,
                 and early stopping, the best weights and ReduceLROnPlateau look at validated
                 epochs only.
+            initial_epoch: Keras's: the epochs already done. fit trains epochs
+                ``initial_epoch + 1 .. epochs`` (the history counts from 1: ``initial_epoch=2``
+                starts at the row ``epoch == 3``, Keras's third epoch). Only the numbering and the
+                count change; for a run that continues with its weights, optimizer and history, use
+                ``resume=True`` (the two cannot be combined).
+            validation_steps: validate on the first n batches of the validation data, each time
+                from its start (Keras's); without a batch size, the batches kerastorch makes are
+                sized so that n cover it.
+            validation_batch_size: samples per validation batch (default: ``batch_size``'s); not
+                for a validation DataLoader.
             weighted_metrics: ``{name: f(preds, labels)}`` averaged with the sample weights
                 (``sum w_i * m_i / sum w_i``; ``f`` returns one value per sample, or per batch),
                 logged as ``train_<name>`` / ``val_<name>``; ``metrics_dict``'s metrics stay unweighted.
@@ -367,33 +385,78 @@ class KerasModel(ModuleLike, ModelParts):
     # -- using a trained model ---------------------------------------------------------
 
     def evaluate(
-        self, data: Any, y: Any = None, batch_size: Optional[int] = None, quiet: bool = False
-    ) -> dict[str, float]:
-        """Loss and metrics over ``data``, in eval mode, without gradients.
+        self,
+        data: Any = None,
+        y: Any = None,
+        batch_size: Optional[int] = None,
+        verbose: int = 1,
+        sample_weight: Any = None,
+        steps: Optional[int] = None,
+        callbacks: Optional[Sequence] = None,
+        return_dict: bool = True,
+        *,
+        x: Any = None,
+        val_data: Any = None,
+        quiet: Optional[bool] = None,
+    ) -> Any:
+        """Loss and metrics over ``data``, in eval mode, without gradients (Keras's keywords, in Keras's order).
 
         Args:
-            data: batches like fit's ``val_data``: a loader, a Dataset, ``(X, y)``, or an array ``X`` with ``y``.
+            data: batches like fit's ``val_data``: a loader, a Dataset, ``(X, y)``, ``(X, y, sample_weight)``,
+                or an array ``X`` (or a tuple / dict of inputs) with ``y``.
             y: the labels beside an array ``X``.
             batch_size: samples per batch when kerastorch builds the loader (default 32).
-            quiet: print nothing (by default a progress bar and the values are shown).
+            verbose: 0 prints nothing; 1 or 2 print the values.
+            sample_weight: one weight per sample beside an array ``X``: the loss is
+                ``(1/N) * sum(w_i * loss_i)``, as in ``fit`` (metrics are unweighted).
+            steps: evaluate the first n batches only; without ``batch_size``, the batches kerastorch
+                makes are sized so that n cover the data (Keras's rule).
+            callbacks: callbacks whose test hooks run: ``on_test_begin``, ``on_test_batch_begin/end``,
+                ``on_test_end(logs)``.
+            return_dict: True (the default) returns a dict; False returns Keras's list of the
+                values in the same order (the loss first), or a single number when there is only
+                the loss. Keras's default is False: kerastorch keeps the dict that its users read
+                by name.
+            x: Keras's name for ``data``. val_data: torchkeras's name for ``data``.
+            quiet: torchkeras's word: ``quiet=True`` is ``verbose=0``.
 
         Returns:
-            ``{"val_loss": ..., "val_<metric>": ...}``, exact over the samples.
+            ``{"val_loss": ..., "val_<metric>": ...}``, exact over the samples (the history's names);
+            with ``return_dict=False``, ``[val_loss, val_<metric>, ...]`` or a single float.
         """
-        return evaluation.evaluate(self, data, y, batch_size, quiet)
+        given, settings = arguments.evaluate_arguments(self, **_keywords(locals()))
+        return evaluation.evaluate(self, given, settings)
 
-    def predict(self, data: Any, batch_size: Optional[int] = None, verbose: int = 1) -> Any:
-        """The net's outputs for ``data``, in eval mode, without gradients.
+    def predict(
+        self,
+        data: Any = None,
+        batch_size: Optional[int] = None,
+        verbose: int = 1,
+        steps: Optional[int] = None,
+        callbacks: Optional[Sequence] = None,
+        *,
+        x: Any = None,
+    ) -> Any:
+        """The net's outputs for ``data``, in eval mode, without gradients (Keras's keywords, in Keras's order).
 
         Args:
-            data: fit's data forms (labels are ignored), loaders of inputs only, or an array ``X``.
+            data: an array ``X``; a tuple or list of arrays ``[X1, X2]`` (every array is an input: predict
+                takes no labels); a dict of arrays (the net's keyword arguments); a Dataset or a loader
+                (labels in its batches are ignored); or a generator of batches, gone through once.
             batch_size: samples per batch when kerastorch builds the loader (default 32).
-            verbose: 1 shows a progress bar when predicting takes more than a few seconds; 0 never.
+            verbose: 1 shows a progress bar when predicting takes more than a few seconds; 0 and 2 never.
+            steps: predict the first n batches only (for an endless generator); without
+                ``batch_size``, the batches kerastorch makes are sized so that n cover the data.
+            callbacks: callbacks whose predict hooks run: ``on_predict_begin``,
+                ``on_predict_batch_begin(batch)``, ``on_predict_batch_end(batch, {"outputs": ...})``,
+                ``on_predict_end``.
+            x: Keras's name for ``data``.
 
         Returns:
             The outputs on the CPU, rows in input order (a tensor, or the net's structure of tensors).
         """
-        return evaluation.predict(self, data, batch_size, verbose)
+        given, settings = arguments.predict_arguments(self, **_keywords(locals()))
+        return evaluation.predict(self, given, settings)
 
     # -- diagnosis and interpretation ----------------------------------------------------
 

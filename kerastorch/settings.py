@@ -1,6 +1,7 @@
-"""What a ``fit`` call asked for, grouped by concern into small frozen dataclasses.
+"""What a ``fit`` (or ``evaluate``, ``predict``) call asked for, grouped by concern into small frozen
+dataclasses.
 
-:mod:`kerastorch.arguments` (the one door for fit's keywords) checks every keyword and builds
+:mod:`kerastorch.arguments` (the one door for the keywords) checks every keyword and builds
 these; the run, the checks and the callback builder each take the one group they need, and
 trust its values.
 """
@@ -75,6 +76,29 @@ class DataSettings:
     class_weight: Any = None  # {class: weight} or "balanced"
     steps_per_epoch: Optional[int] = None  # None: one pass over the training data
     validation_freq: int = 1  # validate every n epochs
+    validation_steps: Optional[int] = None  # None: every validation batch; else the first n of each validation
+    validation_batch_size: Optional[int] = None  # None: batch_size's
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluateSettings:
+    """What an ``evaluate`` call asked for, besides the data (Keras's keywords)."""
+
+    batch_size: Optional[int] = None  # None: 32 for the loaders kerastorch builds (or from steps)
+    verbose: int = 1  # 0: nothing printed; 1 or 2: the values
+    steps: Optional[int] = None  # None: every batch; else the first n
+    callbacks: Sequence[Any] = ()
+    return_dict: bool = True  # False: Keras's list (or a single number)
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictSettings:
+    """What a ``predict`` call asked for, besides the data (Keras's keywords)."""
+
+    batch_size: Optional[int] = None
+    verbose: int = 1  # 0: no progress bar; 1: one when predicting takes a while
+    steps: Optional[int] = None
+    callbacks: Sequence[Any] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +125,7 @@ class FitSettings:
     data: DataSettings = DataSettings()
     doctor: bool = False  # run model.doctor first and stop on an error
     weighted_metrics: Optional[dict] = None  # {name: f(preds, labels)}, averaged with the sample weights
+    initial_epoch: int = 0  # Keras's: epochs already done; the first epoch trained is initial_epoch + 1
 
     def metric_names(self, metrics_dict: dict) -> list[str]:
         """The run's metric names: the model's metrics, then the weighted ones."""
@@ -110,9 +135,11 @@ class FitSettings:
 __all__ = [
     "DataSettings",
     "DeviceSettings",
+    "EvaluateSettings",
     "FinderSettings",
     "FitSettings",
     "MonitorSettings",
     "OutputSettings",
+    "PredictSettings",
     "StepSettings",
 ]

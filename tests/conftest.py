@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from kerastorch.examples import digits_datasets
+
+# Weights & Biases runs are written to files here: nothing reaches the network.
+os.environ.setdefault("WANDB_MODE", "offline")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -119,7 +119,7 @@ def test_multi_input_arrays_call_the_net_with_each():
     model = kt.KerasModel(net, nn.CrossEntropyLoss(), {"acc": accuracy}, torch.optim.Adam(net.parameters(), lr=0.05))
     history = model.fit((X[:, :1], X[:, 1:]), y, epochs=10, verbose=0)
     assert history["train_acc"].iloc[-1] > 0.8
-    assert model.predict((X[:, :1], X[:, 1:], y)).shape == (300, 3)
+    assert model.predict((X[:, :1], X[:, 1:])).shape == (300, 3)  # predict has no labels: every array is an input
 
 
 def overlapping_two_classes(n=2000, seed=0):
@@ -259,7 +259,7 @@ BAD = [
     (dict(validation_split=1.5), ValueError, r"validation_split=1\.5; use a fraction in \[0, 1\)"),
     (dict(train_data="loader", validation_split=0.2), ValueError, r"already makes its batches, so validation_split="),
     (dict(train_data="loader", batch_size=16), ValueError, r"already makes its batches, so batch_size="),
-    (dict(class_weight={7: 2.0}), ValueError, r"class_weight names class 7, which the training labels never have"),
+    (dict(class_weight={-1: 2.0}), ValueError, r"class_weight names class -1; classes are numbered 0, 1, 2"),
     (
         dict(train_data=np.array([["a", "b"]] * 10), val_data=np.zeros(10, dtype=int)),
         TypeError,
@@ -306,7 +306,7 @@ def test_arrays_with_validation_split_shard_over_two_processes_with_exact_values
     history = model.fit(X, y, epochs=2, validation_split=0.2, accelerator="cpu", devices=2, verbose=0, patience=None)
     best = history.loc[history["val_loss"].idxmin()]
     # the caller's net holds the best weights: evaluating them on the last 20 % gives the history's values
-    split_at = math.ceil(301 * 0.8)  # Keras's rule: 241 for training, the last 60 for validation
+    split_at = math.floor(301 * (1.0 - 0.2))  # Keras's rule: 240 for training, the last 61 for validation
     scores = model.evaluate(X[split_at:], y[split_at:], quiet=True)
     assert scores["val_loss"] == pytest.approx(best["val_loss"], rel=1e-5)
     assert scores["val_acc"] == pytest.approx(best["val_acc"], rel=1e-6)

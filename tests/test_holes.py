@@ -7,7 +7,7 @@ import pytest
 import torch
 import torchmetrics
 from torch import nn
-from torch.utils.data import DataLoader, IterableDataset, TensorDataset, WeightedRandomSampler
+from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler
 
 import kerastorch as kt
 from helpers import accuracy
@@ -163,29 +163,6 @@ def test_an_overridden_train_step_is_checked_before_it_first_runs():
     with pytest.raises(ValueError, match="Metric 'acc' failed on the first batch of train_data"):
         model.fit(DataLoader(TensorDataset(x, y), batch_size=16), epochs=1, verbose=0)
     assert ran == [] and unchanged(model, before)
-
-
-class Stream(IterableDataset):
-    def __init__(self, x, y):
-        self.x, self.y = x, y
-
-    def __iter__(self):
-        return iter(zip(self.x, self.y))
-
-
-@pytest.mark.slow
-def test_an_iterable_validation_set_over_two_processes_is_refused():
-    x, y = data()
-    model = make_model()
-    with pytest.raises(ValueError, match="IterableDataset, which cannot be split exactly"):
-        model.fit(
-            DataLoader(TensorDataset(x, y), batch_size=16),
-            DataLoader(Stream(x, y), batch_size=16),
-            epochs=1,
-            accelerator="cpu",
-            devices=2,
-            verbose=0,
-        )
 
 
 def test_mode_auto_follows_the_monitored_name_and_fit_says_so(capsys):

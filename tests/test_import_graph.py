@@ -23,6 +23,7 @@ OPTIONAL_EXTRAS = (
     "optuna",
     "IPython",
     "sklearn",
+    "ray",
 )
 # Functions whose own source runs elsewhere, so they must import what they use.
 SELF_CONTAINED = {("kerastorch.devices.cuda", "probe_cuda_devices")}  # run in a child process by its source

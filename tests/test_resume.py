@@ -371,7 +371,7 @@ def test_on_a_gpu_the_grad_scaler_and_cuda_generators_are_saved_and_restored(tmp
         dl_train, dl_val, epochs=2, verbose=0, accelerator="cuda", precision="16-mixed", ckpt_path=ckpt, resume=True
     )
     state = load_state_file(training_state_path(ckpt))
-    assert len(state["rng"]["cuda"]) == torch.cuda.device_count()
+    assert len(state["processes"][0]["rng"]["cuda"]) == torch.cuda.device_count()
     assert state["grad_scaler"] is not None and "scale" in state["grad_scaler"]
 
     class ReadScaler(kt.Callback):
@@ -395,7 +395,7 @@ def test_on_a_gpu_the_grad_scaler_and_cuda_generators_are_saved_and_restored(tmp
     assert history["epoch"].tolist() == [1, 2, 3]
     pd.testing.assert_frame_equal(history.iloc[:2], first_history, check_exact=True)
     assert reader.scale == float(state["grad_scaler"]["scale"])
-    assert torch.equal(reader.cuda_rng, state["rng"]["cuda"][torch.cuda.current_device()])
+    assert torch.equal(reader.cuda_rng, state["processes"][0]["rng"]["cuda"][torch.cuda.current_device()])
 
 
 def test_a_state_written_by_the_previous_version_still_resumes_exactly(tmp_path):

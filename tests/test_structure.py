@@ -55,8 +55,10 @@ def test_the_top_level_holds_a_dozen_modules_or_fewer_and_each_folder_says_what_
         (kt.KerasModel.fit, arguments.fit_arguments),
         (kt.KerasModel.lr_find, arguments.finder_arguments),
         (kt.KerasModel.doctor, arguments.doctor_arguments),
+        (kt.KerasModel.evaluate, arguments.evaluate_arguments),
+        (kt.KerasModel.predict, arguments.predict_arguments),
     ],
-    ids=["fit", "lr_find", "doctor"],
+    ids=["fit", "lr_find", "doctor", "evaluate", "predict"],
 )
 def test_each_method_takes_exactly_its_doors_keywords(method, door):
     def described(function, first):

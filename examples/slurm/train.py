@@ -1,8 +1,8 @@
 """The script every task of examples/slurm/train.sbatch runs: ``srun python train.py``.
 
 It is an ordinary kerastorch script: ``fit`` finds out from SLURM's variables that it is
-one rank of a job (``kt.cluster_environment()`` says which), trains on its share of the
-data, and only rank 0 prints and writes ``--ckpt-path``. With ``resume=True`` the training
+one rank of a job (``kt.cluster_environment()`` says which, and fit's first printed line),
+trains on its share of the data, and only rank 0 prints and writes ``--ckpt-path``. With ``resume=True`` the training
 state of every finished epoch is kept beside the checkpoint, so a requeued job continues
 where it stopped.
 
@@ -16,7 +16,6 @@ Try it on one machine, as two tasks of a pretend job on the CPU:
 """
 
 import argparse
-import os
 import signal
 import subprocess
 
@@ -53,9 +52,7 @@ def main() -> None:
     parser.add_argument("--accelerator", default="auto", help="'cpu' on a cluster without GPUs")
     args = parser.parse_args()
 
-    cluster = kt.cluster_environment()
-    # Until fit reads the cluster environment itself: give torch the rank layout the way torchrun would.
-    os.environ.update(cluster.torch_env())
+    cluster = kt.cluster_environment()  # what fit will find: SLURM job 1234, rank 5 of 8 (local 1) on 2 nodes
     requeue_on_sigusr1(cluster)
 
     torch.manual_seed(0)
@@ -67,9 +64,7 @@ def main() -> None:
         {"acc": torchmetrics.Accuracy(task="multiclass", num_classes=10)},
         torch.optim.Adam(net.parameters(), lr=1e-3),
     )
-    if cluster.rank == 0:
-        print(f"kerastorch: {cluster.describe()}", flush=True)
-    model.fit(
+    model.fit(  # its first line names the job and the rank layout
         dl_train,
         dl_val,
         epochs=args.epochs,

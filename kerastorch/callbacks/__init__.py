@@ -2,7 +2,8 @@
 
 ``TensorBoard``, ``WandbLogger``, ``MLflowLogger`` and ``OptunaPruning`` need optional packages
 (``kerastorch[tensorboard]``, ``[wandb]``, ``[mlflow]``, ``[optuna]``), imported only when one
-of them is created.
+of them is created. Inside a Ray Train worker ``fit`` adds its own ``RayTrainReport``
+(``ray_report.py``, ``kerastorch[ray]``), which reports every epoch to Ray.
 """
 
 import importlib as _importlib

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from torch.optim.swa_utils import AveragedModel
 
-from ..strategies import unwrap
+from ..strategies import strategy_of, unwrap
 from .base import ORDER_AVERAGED_WEIGHTS, Callback
 
 
@@ -39,6 +39,11 @@ class AveragedWeights(Callback):
         return unwrap(self.model.net)
 
     def on_train_begin(self, logs: Optional[dict] = None) -> None:
+        refusal = strategy_of(self.model).whole_copy_refusal
+        if refusal:
+            raise ValueError(
+                f"{type(self).__name__} keeps a whole copy of the net (its average) beside it, but {refusal}."
+            )
         # A resumed run loads the saved average into this one afterwards (the training state comes later).
         self.averaged = self.make_average(self.net)
         self.trained, self.swapped_epoch = None, None

@@ -12,12 +12,21 @@ class Callback:
     ``self.params`` holds ``epochs``, ``steps`` (training batches per epoch, or None),
     ``verbose``, fit's ``monitor``, ``mode`` and ``ckpt_path``, ``metrics`` (the
     history's columns after ``epoch``, known before the first batch) and ``train_data``
-    (this process's training batches, for a callback that needs a pass over them). ``epoch`` is
+    (this process's training batches, for a callback that needs a pass over them); when
+    ``on_train_end`` runs, ``ended`` says how fit ended: ``"finished"`` (every epoch, or a
+    stop asked for), ``"interrupted"`` (Ctrl-C), ``"preempted"`` (SIGTERM: ``kt.Preempted`` goes by)
+    or ``"failed"`` (an error goes by). ``epoch`` is
     1-based, like the history's ``epoch`` column. Set ``self.model.stop_training = True``
     to stop after the current epoch (from a training batch hook: after that batch).
 
     Per-step ``logs`` are read from the device only if you look at them, so a
     callback that reads ``logs["train_loss"]`` every step pays a host sync every step.
+
+    ``evaluate(callbacks=[...])`` calls the test hooks (``on_test_begin``, ``on_test_batch_begin/end``,
+    ``on_test_end(logs)``), as fit's validation does; ``predict(callbacks=[...])`` the predict hooks
+    (``on_predict_begin``, ``on_predict_batch_begin(batch)``, ``on_predict_batch_end(batch,
+    {"outputs": ...})`` with the batch's outputs as the net returned them, ``on_predict_end``), as Keras
+    calls them.
 
     Inside the training step, as in Lightning and fastai: ``on_before_backward(loss)``,
     ``on_after_backward()`` (gradients are there), ``on_before_optimizer_step(optimizer)``
@@ -60,6 +69,10 @@ class Callback:
     def on_test_end(self, logs: Optional[dict] = None) -> None: ...
     def on_test_batch_begin(self, batch: int, logs: Optional[dict] = None) -> None: ...
     def on_test_batch_end(self, batch: int, logs: Optional[dict] = None) -> None: ...
+    def on_predict_begin(self, logs: Optional[dict] = None) -> None: ...
+    def on_predict_end(self, logs: Optional[dict] = None) -> None: ...
+    def on_predict_batch_begin(self, batch: int, logs: Optional[dict] = None) -> None: ...
+    def on_predict_batch_end(self, batch: int, logs: Optional[dict] = None) -> None: ...
     def on_before_backward(self, loss: Any) -> None: ...
     def on_after_backward(self) -> None: ...
     def on_before_optimizer_step(self, optimizer: Any) -> None: ...
@@ -79,6 +92,8 @@ PER_STEP_HOOKS = (
     "on_train_batch_end",
     "on_test_batch_begin",
     "on_test_batch_end",
+    "on_predict_batch_begin",
+    "on_predict_batch_end",
     "on_before_backward",
     "on_after_backward",
     "on_before_optimizer_step",
@@ -92,6 +107,7 @@ ORDER_BEST_WEIGHTS = -20
 ORDER_EARLY_STOPPING = -10
 ORDER_DISPLAY = -5  # the live plot and experiment loggers fit adds from plot= and wandb=
 ORDER_TRAINING_STATE = 90  # after every callback whose state it keeps
+ORDER_RAY_REPORT = 95  # inside Ray Train: reports the epoch once its training state is written
 ORDER_PROGRESS = 100  # drawn last, once every other callback has spoken
 ORDER_PRUNING = 110  # a pruned trial raises only after every other callback has finished
 

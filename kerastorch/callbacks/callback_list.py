@@ -16,6 +16,7 @@ class CallbackList:
 
     def __init__(self, callbacks: Iterable[Callback], model: Any, params: dict):
         self.callbacks: list[Callback] = sorted(callbacks, key=lambda cb: getattr(cb, "order", 0))
+        self.params = params  # every callback's ``self.params``: what the run adds later, they all see
         for cb in self.callbacks:
             cb.set_model(model)
             cb.set_params(params)

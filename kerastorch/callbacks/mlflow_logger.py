@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import tempfile
 import time
-from typing import Any, Optional
+import warnings
+from typing import Any, Callable, Optional
 
 from ..files.weights import save_weights
 from ..strategies import strategy_of, unwrap
-from .base import ORDER_DISPLAY, Callback
+from .base import ORDER_TRAINING_STATE, Callback
 
 
 def import_mlflow() -> Any:
@@ -37,7 +37,11 @@ class MLflowLogger(Callback):
     your own. When ``fit`` ends, the best weights (as ``fit`` restores them, or the
     ``ckpt_path`` file, under its own name) are stored as the artifact ``best.safetensors`` and the run is
     ended as ``FINISHED`` (also after early stopping), ``KILLED`` (Ctrl-C) or ``FAILED``
-    (an error). ``run_id`` names the run afterwards. Only the main process logs; with
+    (an error in fit), as fit ended. ``run_id`` names the run afterwards.
+
+    A store lost mid-run does not stop training: the logger runs after the training state is
+    written, says once (a warning) that the store failed, keeps the values it could not log and
+    sends them with the next epoch's, or at the end, if the store comes back. Only the main process logs; with
     ``fit(devices=k)`` from a notebook that is a worker, so ``run_id`` stays unset in the
     notebook: find the run in the store (``MlflowClient(uri).search_runs(...)``).
 
@@ -49,7 +53,8 @@ class MLflowLogger(Callback):
                   callbacks=[MLflowLogger(experiment="digits", tracking_uri="sqlite:///mlruns.db")])
     """
 
-    order = ORDER_DISPLAY
+    # After the training state (resume=True): a store that fails must not cost the epoch's state.
+    order = ORDER_TRAINING_STATE + 5
 
     def __init__(
         self,
@@ -69,10 +74,12 @@ class MLflowLogger(Callback):
         self.log_weights = log_weights
         self.client: Any = None
         self.run_id: Optional[str] = None
-        self.last_epoch = 0
+        self.pending: list = []  # values not logged yet (the store failed): sent with the next batch
+        self.logged_epoch = 0  # the last epoch whose values were handed to the store
+        self.store_failed = False
 
     def on_train_begin(self, logs=None):
-        self.run_id, self.last_epoch = None, 0
+        self.run_id, self.pending, self.logged_epoch, self.store_failed = None, [], 0, False
         if not self.model.is_main_process:
             return
         self.client = self.mlflow.tracking.MlflowClient(tracking_uri=self.tracking_uri)
@@ -108,28 +115,69 @@ class MLflowLogger(Callback):
         return found
 
     def on_epoch_end(self, epoch, logs=None):
-        self.last_epoch = epoch
         if self.run_id is None:
             return
+        self.queue(epoch, logs or {})
+        self.send(f"after epoch {epoch}")
+
+    def queue(self, epoch: int, logs: dict) -> None:
         now = int(time.time() * 1000)
-        metrics = [
+        self.pending += [
             self.mlflow.entities.Metric(key, float(value), now, epoch)
-            for key, value in (logs or {}).items()
+            for key, value in logs.items()
             if key != "epoch" and isinstance(value, (int, float)) and math.isfinite(value)
         ]
-        self.client.log_batch(self.run_id, metrics=metrics)
+        self.logged_epoch = epoch
+
+    def send(self, when: str) -> bool:
+        """Log the values kept so far; a store that fails is said once and training goes on."""
+        try:
+            if self.pending:
+                self.client.log_batch(self.run_id, metrics=self.pending)
+            self.pending = []
+            return True
+        except Exception as error:  # any failure of the store: the training matters more than its record
+            if not self.store_failed:
+                warnings.warn(
+                    f"MLflowLogger: the MLflow store failed {when} ({type(error).__name__}: {error}); the training "
+                    f"goes on, and the values of run {self.run_id} are sent again at each epoch's end until the "
+                    "store answers.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            self.store_failed = True
+            return False
 
     def on_train_end(self, logs=None):
         if self.run_id is None:
             return
-        failed = sys.exc_info()[1] is not None  # on_train_end runs while fit's error goes by
-        finished = self.model.stop_training or self.last_epoch >= (self.params.get("epochs") or 0)
-        status = "FAILED" if failed else "FINISHED" if finished else "KILLED"
+        ended = self.params.get("ended", "failed")
+        status = {"finished": "FINISHED", "interrupted": "KILLED", "preempted": "KILLED"}.get(ended, "FAILED")
+        # Epochs in the history that no on_epoch_end logged (Ctrl-C in an earlier callback's epoch end).
+        for row in self.model.history.to_dict("records") if self.model.history is not None else []:
+            if row.get("epoch", 0) > self.logged_epoch:
+                self.queue(int(row["epoch"]), row)
+        if not self.send("when fit ended"):
+            warnings.warn(
+                f"MLflowLogger: the store does not answer, so run {self.run_id} keeps the values it has and is not "
+                f"ended as {status}; the weights are in the net (and in ckpt_path, if given).",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        if self.log_weights and status != "FAILED":
+            self._tolerant("store the best weights of", self._log_best_weights)
+        self._tolerant(f"end as {status}", lambda: self.client.set_terminated(self.run_id, status=status))
+
+    def _tolerant(self, what: str, action: Callable[[], Any]) -> None:
         try:
-            if self.log_weights and not failed:
-                self._log_best_weights()
-        finally:
-            self.client.set_terminated(self.run_id, status=status)
+            action()
+        except Exception as error:  # fit has ended; its result must not be lost to the store's failure
+            warnings.warn(
+                f"MLflowLogger: could not {what} run {self.run_id} ({type(error).__name__}: {error}).",
+                UserWarning,
+                stacklevel=3,
+            )
 
     def _log_best_weights(self) -> None:
         ckpt_path = self.params.get("ckpt_path")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Optional
 
 from .base import ORDER_PRUNING, Callback
@@ -27,7 +28,9 @@ class OptunaPruning(Callback):
     A pruned run stops like an early stop — every process together, the best weights
     restored, every file whole — and then ``fit`` raises ``optuna.TrialPruned``, which
     Optuna's ``study.optimize`` records as a pruned trial (``model.history`` holds the
-    epochs that ran). Only the main process reports.
+    epochs that ran). Only the main process reports. ``fit(devices=k)`` from the process that
+    made the callback is refused before training: its forked workers' reports would never reach
+    the study (under ``torchrun`` each rank makes its own, and the main one reports).
 
     Example::
 
@@ -49,9 +52,21 @@ class OptunaPruning(Callback):
         self.trial = trial
         self.monitor = monitor
         self.pruned_at: Optional[int] = None
+        self.trial_process = os.getpid()  # where the trial lives: reports from elsewhere are lost
 
     def on_train_begin(self, logs=None):
         self.pruned_at = None
+        if os.getpid() != self.trial_process:
+            # fit(devices=k) forked this process from the one that holds the trial: what it reports
+            # and its "pruned" stay in this copy and never reach the study.
+            processes = self.model.runtime.num_processes
+            raise ValueError(
+                f"OptunaPruning reports to the trial of the process that made it, but this fit trains in {processes} "
+                f"processes forked from it (devices={processes}), whose reports would never reach the study: the "
+                "trial would end PRUNED with nothing reported. Train each trial with devices=1 and run trials side "
+                "by side instead (study.optimize(objective, n_trials=..., n_jobs=2), or several processes sharing a "
+                "study on a database storage), or start the script with torchrun and make the callback in it."
+            )
         names = self.params.get("metrics")
         if self.monitor is not None and names is not None and self.monitor not in names:
             raise ValueError(

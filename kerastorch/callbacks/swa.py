@@ -8,6 +8,7 @@ from typing import Any, Literal, Optional, Union
 import torch
 from torch.optim.swa_utils import SWALR, AveragedModel, update_bn
 
+from ..training.modes import train_mode
 from .averaged_weights import AveragedWeights
 
 
@@ -106,7 +107,11 @@ class SWA(AveragedWeights):
             for batch in loader:
                 yield (_Batch(runtime.to_device(batch) if runtime is not None else batch),)
 
-        update_bn(inputs(), _PredictBatch(model))
+        # update_bn leaves its module in the mode that module had, and a fresh wrapper is in train
+        # mode: the net would then validate with dropout on and batch statistics. train_mode puts
+        # every layer's own mode back (eval, inside validation).
+        with train_mode(model.net):
+            update_bn(inputs(), _PredictBatch(model))
 
     def _swalr(self) -> SWALR:
         return SWALR(

@@ -45,6 +45,7 @@ import torch
 
 from ..data.loaders import EpochSteps
 from ..data.resumable import resumable_inside
+from ..devices.main_process import read_on_main_process
 from ..files.state import load_state_file, save_state_file, to_plain
 from ..strategies import strategy_of, unwrap
 from ..training.position import EpochResume, RunPosition
@@ -136,8 +137,9 @@ class TrainingState(Callback):
             remove_stale_temporary_files(self.path)
             remove_stale_temporary_files(self.path.removesuffix(".state"))
         self.check_serializable()
-        if self.resume and os.path.exists(self.path):
-            state = upgraded(load_state_file(self.path), self.path)
+        state = read_on_main_process(self.path, load_state_file) if self.resume else None  # rank 0's file, for all
+        if state is not None:
+            state = upgraded(state, self.path)
             check_state_fits(state, self.model, self.path)
             check_same_monitors(state, self.callbacks, self.path)
             check_same_metrics(state, self.params.get("metrics"), self.path)
@@ -227,6 +229,7 @@ class TrainingState(Callback):
             "stopped": bool(model.stop_training) and not batches,
             "history": [dict(row) for row in self.history],
             "net": weights,
+            "loss_fn": loss_state(model),
             "optimizer_type": type(optimizer).__name__,
             "optimizer_param_shapes": _param_shapes(optimizer),
             "optimizer": optimizer_state,
@@ -264,6 +267,7 @@ class TrainingState(Callback):
         this process's random state, data position and epoch in progress."""
         model, strategy = self.model, strategy_of(self.model)
         strategy.load_whole_weights(model.net, state["net"])
+        load_loss_state(model, state.get("loss_fn"))
         strategy.load_whole_optimizer_state(model.optimizer, state["optimizer"])
         if model.lr_scheduler is not None:
             model.lr_scheduler.load_state_dict(state["lr_scheduler"])
@@ -407,7 +411,7 @@ def check_state_fits(state: dict, model: Any, path: str) -> None:
         )
     history, epoch = state.get("history"), state.get("epoch")
     ends_at_its_epoch = isinstance(history, list) and (
-        history[-1].get("epoch") == epoch if history else epoch == 0 and state.get("batches", 0) > 0
+        history[-1].get("epoch") == epoch if history else state.get("batches", 0) > 0  # inside the first epoch
     )
     if not ends_at_its_epoch or not isinstance(state.get("processes"), list) or not state["processes"]:
         raise ValueError(
@@ -485,6 +489,31 @@ def remove_stale_temporary_files(path: str) -> None:
             os.remove(stale)
         except OSError:
             pass
+
+
+# -- a loss that is a module: its learned parameters and buffers ----------------------------------
+
+
+def loss_state(model: Any) -> Optional[dict]:
+    """The loss's parameters and buffers (a learned temperature, a running count), or None for a
+    loss that keeps nothing: its optimizer moments are in the optimizer's state already."""
+    loss_fn = model.loss_fn
+    if not isinstance(loss_fn, torch.nn.Module):
+        return None
+    state = {k: v.detach().to("cpu", copy=True) for k, v in loss_fn.state_dict().items()}
+    return state or None
+
+
+def load_loss_state(model: Any, state: Optional[dict]) -> None:
+    """Put back what :func:`loss_state` saved; a loss that keeps nothing has nothing to load."""
+    if state is None:
+        return
+    if not isinstance(model.loss_fn, torch.nn.Module):
+        raise ValueError(
+            f"The training state holds the state of a loss module ({', '.join(state)}), but this model's loss_fn "
+            f"is a {type(model.loss_fn).__name__}. Resume with the same loss, or pass resume=False to start fresh."
+        )
+    model.loss_fn.load_state_dict(state)
 
 
 def _grad_scaler(model: Any) -> Any:

@@ -174,10 +174,11 @@ def check_no_single_sample_batch(net: torch.nn.Module, loader: Any) -> None:
         return
     samples = num_batches(dataset) or 0  # len(dataset): its number of samples
     if samples % size == 1:
+        other = next((s for s in range(size + 1, samples + 2) if samples % s != 1), size + 1)  # one this accepts
         raise ValueError(
             f"The training data has {samples} samples in batches of {size}, so the last batch of every epoch holds "
             "a single sample, and BatchNorm cannot train on one (torch fails at the end of the first epoch). Pass "
-            f"drop_last=True to your DataLoader, or another batch_size (e.g. {size + 1})."
+            f"drop_last=True to your DataLoader, or another batch_size (e.g. {other})."
         )
 
 

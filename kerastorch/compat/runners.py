@@ -78,9 +78,17 @@ def program_runners(model: Any) -> Optional[ProgramRunners]:
 # the runner replaces, so asking for it is refused (a keyword added to fit later is refused too, until
 # it is added here).
 LEFT_TO_FIT = {
-    "FitSettings": {"epochs", "callbacks", "monitoring", "output", "devices", "step", "data"},
+    "FitSettings": {"epochs", "callbacks", "monitoring", "output", "devices", "step", "data", "initial_epoch"},
     "StepSettings": {"monitor"},
-    "DataSettings": {"batch_size", "shuffle", "validation_split", "steps_per_epoch", "validation_freq"},
+    "DataSettings": {
+        "batch_size",
+        "shuffle",
+        "validation_split",
+        "steps_per_epoch",
+        "validation_freq",
+        "validation_steps",
+        "validation_batch_size",
+    },
 }
 KEYWORDS = {  # a setting's name in fit's keywords, where they differ
     "accumulation_steps": "gradient_accumulation_steps",

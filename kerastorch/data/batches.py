@@ -57,6 +57,8 @@ def split_inputs(batch: Any) -> tuple[tuple, dict]:
     if isinstance(batch, torch.Tensor):
         return (batch,), {}
     batch, _ = split_sample_weight(batch)
+    if isinstance(batch, Inputs):
+        return tuple(batch.args), {}
     if isinstance(batch, dict):
         return (), {k: v for k, v in batch.items() if k not in LABEL_KEYS}
     if isinstance(batch, (list, tuple)):
@@ -118,6 +120,13 @@ def to_host(outputs: Any) -> Any:
 def concatenate_batches(outputs: list) -> Any:
     """One structure of the batches' outputs, concatenated along the first dimension."""
     return concatenate(outputs)
+
+
+class Inputs(NamedTuple):
+    """Several inputs of the net and no labels: what ``predict([X1, X2])``'s loader yields (Keras's
+    rule: predict has no labels, every array is an input). The default collate keeps the type."""
+
+    args: tuple
 
 
 class WeightedSample(NamedTuple):

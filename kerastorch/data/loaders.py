@@ -1,8 +1,9 @@
-"""The loaders kerastorch builds, and what wraps a loader for one run: class weights and
-Keras's ``steps_per_epoch``; every training label read for class weights."""
+"""The loaders kerastorch builds, and what wraps a loader for one run: class weights,
+Keras's ``steps_per_epoch`` and ``validation_steps``; every training label read for class weights."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Iterator, Optional
 
 import torch
@@ -11,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 from ..settings import DEFAULT_BATCH_SIZE, DataSettings
 from .arrays import ArrayDataset
 from .batches import LABEL_KEYS, unpack
-from .peek import rng_untouched
+from .peek import num_batches, rng_untouched
 from .resumable import resumable
 from .sample_weights import ClassWeighted
 
@@ -70,6 +71,22 @@ class EpochSteps:
         return self.steps
 
 
+class FirstBatches:
+    """The first ``steps`` batches of each pass over ``loader`` (fewer if it has fewer): Keras's
+    ``validation_steps`` and ``evaluate`` / ``predict``'s ``steps``, each pass starting afresh."""
+
+    def __init__(self, loader: Any, steps: int):
+        self.loader = loader  # named so that rng.py finds the data order inside
+        self.steps = steps
+
+    def __iter__(self) -> Iterator:
+        return itertools.islice(iter(self.loader), self.steps)
+
+    def __len__(self) -> int:
+        total = num_batches(self.loader)
+        return self.steps if total is None else min(self.steps, total)
+
+
 def training_labels(loader: Any) -> torch.Tensor:
     """Every training label, for class weights: read from the arrays when kerastorch built the
     loader, else by one pass over the loader (its data order left as it was)."""
@@ -85,7 +102,7 @@ def training_labels(loader: Any) -> torch.Tensor:
     with rng_untouched(loader):
         for batch in loader:
             labels = unpack(batch).labels
-            found.append(torch.as_tensor(labels).reshape(-1).cpu())
+            found.append(torch.as_tensor(labels).cpu())  # one-hot rows kept whole: class weights read their argmax
     return torch.cat(found) if found else torch.zeros(0, dtype=torch.long)
 
 
@@ -103,4 +120,18 @@ def per_process_training_data(
     return loader
 
 
-__all__ = ["EpochSteps", "loader_for", "per_process_training_data", "training_labels"]
+def per_process_validation_data(loader: Any, settings: DataSettings) -> Any:
+    """This process's share of the validation loader, cut to ``validation_steps`` batches if asked."""
+    if loader is None or settings.validation_steps is None:
+        return loader
+    return FirstBatches(loader, settings.validation_steps)
+
+
+__all__ = [
+    "EpochSteps",
+    "FirstBatches",
+    "loader_for",
+    "per_process_training_data",
+    "per_process_validation_data",
+    "training_labels",
+]

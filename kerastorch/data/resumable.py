@@ -305,7 +305,9 @@ class ResumableLoader:
     def release(self) -> None:
         """End persistent workers that tag their batches: the loader's later passes get plain batches."""
         if self.persistent and self.workers_started_tagging and self.torch_loader is not None:
-            self.torch_loader._iterator = None  # the old iterator ends its workers when it is collected
+            iterator, self.torch_loader._iterator = self.torch_loader._iterator, None
+            if iterator is not None:
+                iterator._shutdown_workers()
             self.workers_started_tagging = False
 
 

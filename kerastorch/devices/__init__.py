@@ -3,8 +3,9 @@ the machine's GPUs counted without initialising CUDA (:mod:`~kerastorch.devices.
 environment that started this process (:mod:`~kerastorch.devices.environment`), the plan
 (this process, k forked workers, or one rank of a job: :mod:`~kerastorch.devices.plan`), the k
 worker processes started from a notebook (:mod:`~kerastorch.devices.launch`), the runtime the loop
-talks to (:mod:`~kerastorch.devices.runtime`) and the net placed on it
-(:mod:`~kerastorch.devices.placement`).
+talks to (:mod:`~kerastorch.devices.runtime`), the net placed on it
+(:mod:`~kerastorch.devices.placement`), and a file only the main process has, read there for
+every process (:mod:`~kerastorch.devices.main_process`).
 
 >>> import kerastorch as kt
 >>> kt.devices.parse_devices("0, 2", num_available=4)

@@ -146,6 +146,9 @@ class ClusterEnvironment:
         return env
 
 
+ONE_PROCESS = ClusterEnvironment(name="local")  # no launcher: this process runs alone
+
+
 def cluster_environment(environ: Optional[Mapping[str, str]] = None) -> ClusterEnvironment:
     """Read which launcher started this process, and its rank layout, from ``environ``.
 
@@ -599,4 +602,10 @@ def _expand_numbers(numbers: str) -> list[str]:
     return expanded
 
 
-__all__ = ["ClusterEnvironment", "ClusterEnvironmentError", "cluster_environment", "expand_slurm_nodelist"]
+__all__ = [
+    "ONE_PROCESS",
+    "ClusterEnvironment",
+    "ClusterEnvironmentError",
+    "cluster_environment",
+    "expand_slurm_nodelist",
+]

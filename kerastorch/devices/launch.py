@@ -16,6 +16,7 @@ CUDA must not have been initialised in this process before the call; see
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import multiprocessing
 import os
@@ -25,6 +26,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import warnings
@@ -108,6 +110,8 @@ def run_in_workers(plan: Plan, work: Callable[[], Any]) -> Any:
     with tempfile.TemporaryDirectory(prefix="kerastorch-processes-") as folder:
         try:
             with contextlib.ExitStack() as stack:
+                stack.enter_context(callers_signal_handlers())
+                stack.enter_context(garbage_left_here())
                 stack.enter_context(visible_cuda_devices(list(plan.devices), plan.device_type))
                 # A worker's error reaches the caller as the exception below; torch's launcher would log it too.
                 stack.enter_context(_logger_quiet("torch.distributed.elastic"))
@@ -125,6 +129,40 @@ def run_in_workers(plan: Plan, work: Callable[[], Any]) -> Any:
             raise failure from failure.__cause__  # the cause shown is the worker's traceback
         # Written a moment ago by our own worker, in a private folder.
         return torch.load(os.path.join(folder, RESULTS_FILE), map_location="cpu", weights_only=False)
+
+
+@contextlib.contextmanager
+def garbage_left_here():
+    """Fork the workers from a process without garbage, and keep them from collecting what they inherit.
+
+    An earlier launch leaves garbage behind (after an error, in reference cycles through its
+    traceback): torch elastic's agent and its TCP store, whose server thread runs in this process
+    only. A worker that collected its copy would wait forever for that thread to stop (a second
+    ``fit(devices=k)`` after a failed one hung). So the garbage is collected here first, where its
+    threads run, and what exists when the workers fork is frozen out of their collections."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+@contextlib.contextmanager
+def callers_signal_handlers():
+    """torch elastic installs its own handlers for SIGINT, SIGTERM, SIGHUP and SIGQUIT while the
+    workers run (Ctrl-C stops them all) and leaves them: a later fit in this process would raise its
+    ``SignalException`` on Ctrl-C instead of returning the history so far. The caller's come back."""
+    names = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT").split(",")
+    signals = [getattr(signal, name.strip(), None) for name in names]
+    saved = {sig: signal.getsignal(sig) for sig in signals if sig is not None}
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread():  # where handlers can be set (and were)
+            for sig, handler in saved.items():
+                if handler is not None:  # None: a handler not set from Python, which cannot be put back
+                    signal.signal(sig, handler)
 
 
 class _WithoutLaunchLine:

@@ -5,8 +5,9 @@ A run happens in one of three places:
 - ``"here"``: this process, on one device;
 - ``"workers"``: ``fit(devices=k)`` from a notebook or a plain ``python`` process starts
   k processes (:mod:`kerastorch.devices.launch`), each of which runs the plan ``for_worker()``;
-- ``"rank"``: this process is one rank of a job that ``torchrun`` or ``accelerate launch``
-  started; the launcher chose its device.
+- ``"rank"``: this process is one rank of a job that a launcher started (``torchrun``,
+  ``accelerate launch``, SLURM's ``srun``, an MPI, a Kubeflow ``PyTorchJob``, Ray Train), as
+  :func:`~kerastorch.devices.environment.cluster_environment` reads it; the launcher chose its device.
 
 :func:`make_plan` matches the parsed words (:mod:`kerastorch.devices.words`) against the
 machine: which accelerators exist and how many devices each has. CUDA is counted
@@ -27,6 +28,7 @@ import torch
 from ..settings import DeviceSettings
 from ..strategies import Strategy, resolve, strategy_for_net
 from .cuda import cuda_device_count, mps_available, why_no_cuda
+from .environment import ONE_PROCESS, ClusterEnvironment, cluster_environment
 from .words import DevicesArg, count_asked, is_auto, parse_accelerator_word, parse_devices
 
 WHERE = ("here", "workers", "rank")
@@ -36,7 +38,9 @@ WHERE = ("here", "workers", "rank")
 class Plan:
     """Where and how a run trains: ``where`` (see the module docstring), the torch device
     type, the chosen device indices (empty for ``"rank"``: the launcher chose), the
-    precision that will really run, the strategy, and the job's number of processes."""
+    precision that will really run, the strategy, the job's number of processes, and the
+    cluster environment that started this process (``"local"`` for a run here and for the
+    workers ``fit(devices=k)`` starts)."""
 
     where: str
     device_type: str
@@ -44,6 +48,7 @@ class Plan:
     precision: str
     strategy: Strategy
     world_size: int = 1  # the processes of the job this process is a rank of
+    cluster: ClusterEnvironment = ONE_PROCESS
 
     @property
     def num_processes(self) -> int:
@@ -53,8 +58,8 @@ class Plan:
         return self.world_size if self.where == "rank" else 1
 
     def for_worker(self) -> Plan:
-        """The plan each started worker runs: one rank of the job."""
-        return dataclasses.replace(self, where="rank", devices=(), world_size=len(self.devices))
+        """The plan each started worker runs: one rank of the job fit started (no launcher's)."""
+        return dataclasses.replace(self, where="rank", devices=(), world_size=len(self.devices), cluster=ONE_PROCESS)
 
     def single_device(self) -> Optional[str]:
         """The exact device of a one-process run (``"cuda:1"``, ``"cpu"``); None for MPS or a rank."""
@@ -64,7 +69,11 @@ class Plan:
 
 
 def make_plan(settings: DeviceSettings, net: torch.nn.Module) -> Plan:
-    """Decide where the run happens. Errors (absent hardware, too many devices) come before anything starts."""
+    """Decide where the run happens. Errors (absent hardware, too many devices, a launcher's missing or
+    contradicting variables) come before anything starts."""
+    cluster = cluster_environment()
+    if cluster.warning:  # e.g. a SLURM batch script of several tasks, not started by srun
+        warnings.warn(cluster.warning, UserWarning, stacklevel=4)
     device_type = device_type_for(settings.accelerator)
     precision = settings.precision
     if device_type in ("cpu", "mps") and precision == "16-mixed":
@@ -75,16 +84,15 @@ def make_plan(settings: DeviceSettings, net: torch.nn.Module) -> Plan:
             stacklevel=4,
         )
         precision = "bf16-mixed"
-    if launched_by_distributed_runner():
-        world_size = int(os.environ["WORLD_SIZE"])
-        strategy = resolve(settings.strategy, net, world_size)
-        return Plan("rank", device_type, (), precision, strategy, world_size)
+    if cluster.is_job:
+        strategy = resolve(settings.strategy, net, cluster.world_size)
+        return Plan("rank", device_type, (), precision, strategy, cluster.world_size, cluster)
     devices = settings.devices
     if is_auto(devices) and not strategy_for_net(net).moves_net:
         devices = 1  # the user placed the net's pieces; it trains in this one process
     chosen = tuple(choose_devices(devices, device_type))
     strategy = resolve(settings.strategy, net, len(chosen))
-    return Plan("workers" if len(chosen) > 1 else "here", device_type, chosen, precision, strategy)
+    return Plan("workers" if len(chosen) > 1 else "here", device_type, chosen, precision, strategy, cluster=cluster)
 
 
 def parse_accelerator(accelerator: str = "auto", cpu: bool = False) -> str:
@@ -155,11 +163,6 @@ def choose_devices(devices: DevicesArg, device_type: str, interactive: Optional[
         num_available = max(num_available, count_asked(devices))
     kind = {"cuda": "CUDA device", "mps": "MPS device", "cpu": "CPU process"}.get(device_type, "device")
     return parse_devices(devices, num_available, interactive=interactive, kind=kind)
-
-
-def launched_by_distributed_runner() -> bool:
-    """True when this process is one rank of a job started by torchrun or accelerate launch."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 __all__ = ["Plan", "choose_devices", "make_plan", "parse_accelerator"]

@@ -20,6 +20,7 @@ from accelerate.state import AcceleratorState, GradientState, PartialState
 from accelerate.utils import patch_environment, recursively_apply
 
 from ..strategies import Strategy, strategy_for_net
+from .environment import ONE_PROCESS, ClusterEnvironment
 from .plan import Plan
 from .words import AUTOCAST_DTYPES, PARAM_DTYPES, TRUE_PRECISION_OF
 
@@ -38,6 +39,7 @@ class Runtime:
     strategy: Strategy  # how the processes share the work
     output_device: Optional[torch.device] = None  # set for a net spread over devices (model parallel)
     callers_state: tuple = ()  # accelerate's state as the caller had it before fit (see saved_accelerate_state)
+    cluster: ClusterEnvironment = ONE_PROCESS  # the launcher that started this process
     # Read from accelerate once, when the run starts: a finished run's Accelerator, asked later
     # (model.print after fit), would build accelerate's process-wide state anew for one process,
     # and a later notebook_launcher would fork children that inherit it.
@@ -99,13 +101,15 @@ class Runtime:
         return tensor.to(self.device, dtype=dtype, non_blocking=self.device.type == "cuda")
 
     def describe(self) -> str:
-        """The line fit prints first: where the run happens and in which precision."""
+        """The line fit prints first: the launcher and the rank layout (in a job a launcher
+        started), where the run happens and in which precision."""
         where = str(self.device)
         if self.device.type == "cuda":
             where += f" ({torch.cuda.get_device_name(self.device)})"
         if self.num_processes > 1:
             where = f"{self.num_processes} processes ({self.device.type}, {self.strategy.engine(self)})"
-        return f"kerastorch: training on {where} in precision {self.precision}"
+        started_by = "" if self.cluster.name == "local" else f"{self.cluster.describe()}: "
+        return f"kerastorch: {started_by}training on {where} in precision {self.precision}"
 
     def teardown(self) -> None:
         """Forget accelerate's process-wide state, so the next fit may choose differently."""
@@ -149,8 +153,13 @@ def build_runtime(plan: Plan) -> Runtime:
     callers_state = () if in_job else saved_accelerate_state()
     if not in_job:
         reset_accelerate_state()
-    # accelerate has no device-id argument; its single-device override names the exact device.
-    device = plan.single_device()
+    if in_job:
+        # SLURM's, MPI's or Kubeflow's rank layout in torchrun's words, which torch's env:// and accelerate
+        # read. Kept after the run: accelerate and a process group made later read them again.
+        os.environ.update(plan.cluster.torch_env())
+    # accelerate has no device-id argument; its single-device override names the exact device. A rank on
+    # the CPU says so too: Ray Train sets the override to the worker's GPU, which accelerator="cpu" declines.
+    device = plan.single_device() or ("cpu" if in_job and plan.device_type == "cpu" else None)
     with patch_environment(**({"ACCELERATE_TORCH_DEVICE": device} if device else {})):
         acc = Accelerator(cpu=plan.device_type == "cpu", mixed_precision="no")
     if acc.device.type == "cuda":
@@ -165,7 +174,7 @@ def build_runtime(plan: Plan) -> Runtime:
                 "Use precision='16-mixed' on this GPU."
             )
     if in_job:
-        check_job_formed(acc, plan.device_type)
+        check_job_formed(acc, plan)
     scaler = None
     if precision == "16-mixed" and acc.device.type == "cuda":
         scaler = torch.amp.GradScaler("cuda")
@@ -179,16 +188,18 @@ def build_runtime(plan: Plan) -> Runtime:
         owns_state=not in_job,
         strategy=plan.strategy,
         callers_state=callers_state,
+        cluster=plan.cluster,
     )
 
 
-def check_job_formed(accelerator: Accelerator, device_type: str) -> None:
-    """In a torchrun / accelerate launch job: refuse to train alone when the job has several processes."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if accelerator.num_processes != world_size:
+def check_job_formed(accelerator: Accelerator, plan: Plan) -> None:
+    """In a job a launcher started: refuse to train alone when the job has several processes."""
+    cluster = plan.cluster
+    started_by = f"fit(devices={plan.world_size})" if cluster.name == "local" else cluster.launcher
+    if accelerator.num_processes != plan.world_size:
         raise RuntimeError(
-            f"This process is one of WORLD_SIZE={world_size} processes started by torchrun or accelerate launch, "
-            f"but on {device_type!r} accelerate formed a group of {accelerator.num_processes}: every process would "
+            f"This process is one of {plan.world_size} processes started by {started_by}, but on "
+            f"{plan.device_type!r} accelerate formed a group of {accelerator.num_processes}: every process would "
             "train alone on all of the data. Several processes run on CUDA GPUs or on the CPU (gloo): pass "
             "accelerator='cpu' or 'cuda' to fit, or start a single process."
         )

@@ -37,6 +37,8 @@ class Strategy:
     gathers_together: ClassVar[bool] = False
     #: Why a step that fit does not drive itself (a program's own step class) cannot run, or None.
     foreign_step_refusal: ClassVar[Optional[str]] = None
+    #: Why a callback that keeps a whole copy of the net beside it (EMA, SWA) cannot run, or None.
+    whole_copy_refusal: ClassVar[Optional[str]] = None
 
     def check(self, model: Any) -> None:
         """Refuse, before anything runs, a model this strategy cannot train (nothing to refuse by default)."""
@@ -87,6 +89,19 @@ class Strategy:
         return f"{type(self).__name__}()"
 
 
+def foreign_parameters(model: Any) -> list[str]:
+    """What the optimizer updates besides the net's parameters, by name where one is known (a loss
+    module's ``loss_fn.<name>``): tensors a strategy that exchanges the net's gradients leaves alone."""
+    owned = {id(p) for p in model.net.parameters()}
+    names = {id(p): f"loss_fn.{name}" for name, p in getattr(model.loss_fn, "named_parameters", lambda: [])()}
+    return [
+        names.get(id(p), f"a tensor of shape {tuple(p.shape)}")
+        for group in model.optimizer.param_groups
+        for p in group["params"]
+        if id(p) not in owned
+    ]
+
+
 def unwrap(net: nn.Module) -> nn.Module:
     """The bare module inside DataParallel / DistributedDataParallel / torch.compile wrappers."""
     while True:
@@ -104,4 +119,4 @@ def cpu_state_dict(net: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in unwrap(net).state_dict().items()}
 
 
-__all__ = ["Strategy", "cpu_state_dict", "unwrap"]
+__all__ = ["Strategy", "cpu_state_dict", "foreign_parameters", "unwrap"]

@@ -27,7 +27,7 @@ import contextlib
 import copy
 import dataclasses
 from collections.abc import Iterator
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -36,8 +36,8 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..data.peek import rng_untouched
-from .base import Strategy, unwrap
-from .sharding import bare_module, shard_loaders
+from .base import Strategy, foreign_parameters, unwrap
+from .sharding import DealtBatches, bare_module, shard_loaders
 
 # fsdp's MixedPrecisionPolicy for fit's mixed precisions: compute in the low precision,
 # reduce gradients in float32 (as DDP under autocast does).
@@ -63,6 +63,10 @@ class FSDP(Strategy):
     several_processes = True
     gathers_together = True  # the whole weights are gathered from every process's shard
     foreign_step_refusal = "use strategy='ddp'"
+    whole_copy_refusal = (
+        "strategy='fsdp' shards the net over the processes so that none holds it whole. Use strategy='ddp' "
+        "(each process holds the whole net), or train without it"
+    )
 
     def __post_init__(self) -> None:
         classes = tuple(self.wrap) if isinstance(self.wrap, (list, tuple, set)) else (self.wrap,)
@@ -75,7 +79,15 @@ class FSDP(Strategy):
         object.__setattr__(self, "wrap", classes)
 
     def check(self, model: Any) -> None:
-        blocks_to_shard(model.net, tuple(self.wrap), self.spelled)
+        blocks = blocks_to_shard(model.net, tuple(self.wrap), self.spelled)
+        check_tied_parameters(model.net, blocks, bool(self.wrap))
+        foreign = foreign_parameters(model)
+        if foreign:
+            raise ValueError(
+                f"strategy='fsdp': the optimizer also updates {', '.join(foreign[:5])}, which are not parameters "
+                "of the net, and only the net's are sharded and their gradients exchanged. Compute that part in "
+                "the net's forward (its parameters then belong to the net), or train with devices=1."
+            )
 
     @contextlib.contextmanager
     def training(
@@ -154,6 +166,57 @@ def blocks_to_shard(net: nn.Module, wrap: tuple[type, ...] = (), spelled: str = 
     return blocks
 
 
+def check_tied_parameters(net: nn.Module, blocks: list[nn.Module], wrap_given: bool) -> None:
+    """Refuse one parameter (tied weights: an embedding shared with the output layer) that the sharding
+    would put in two shards: each of ``blocks`` is a shard, the root takes what no block holds."""
+    prefixes = sorted(
+        (name for name, module in net.named_modules() if any(module is block for block in blocks)),
+        key=len,
+        reverse=True,  # the innermost block holding a parameter is its shard
+    )
+    names_of: dict[int, dict[str, str]] = {}  # id(parameter) -> {name: its shard's module name, "" for the root}
+    for name, param in net.named_parameters(remove_duplicate=False):
+        shard = next((prefix for prefix in prefixes if name.startswith(prefix + ".")), "")
+        names_of.setdefault(id(param), {})[name] = shard
+    split = [names for names in names_of.values() if len(set(names.values())) > 1]
+    if not split:
+        return
+    names = split[0]
+    shards = ", ".join(sorted({f"'{shard}'" if shard else "the root" for shard in names.values()}))
+    tied_ids = {key for key, found in names_of.items() if len(found) > 1}
+    classes = untied_block_classes(net, tied_ids)
+    how = (
+        "FSDP(wrap=[...]) shards the blocks of those classes"
+        if wrap_given
+        else ("strategy='fsdp' shards each direct child of the net on its own")
+    )
+    suggestion = ", ".join(cls.__name__ for cls in classes) if classes else "YourBlock"
+    raise ValueError(
+        f"{' and '.join(names)} are one parameter (tied weights), but {how}, which puts it in several shards "
+        f"({shards}); a parameter can belong to one shard only. Pass strategy=kt.strategies.FSDP(wrap=[{suggestion}]), "
+        "the classes of the net's blocks that hold no tied parameter: the root then keeps the tied ones."
+    )
+
+
+def untied_block_classes(net: nn.Module, tied_ids: set[int]) -> list[type]:
+    """The classes of the net's repeated blocks (two instances or more) that hold no tied parameter,
+    the outermost ones: what ``FSDP(wrap=[...])`` can shard while the root keeps the tied parameters."""
+    containers = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+    counts: dict[type, list[nn.Module]] = {}
+    holders: set[type] = set()
+    for module in net.modules():
+        params = list(module.parameters())
+        if module is net or isinstance(module, containers) or not params:
+            continue
+        if any(id(p) in tied_ids for p in params):
+            holders.add(type(module))
+        else:
+            counts.setdefault(type(module), []).append(module)
+    candidates = {cls: found for cls, found in counts.items() if len(found) >= 2 and cls not in holders}
+    inner = {id(m) for found in candidates.values() for block in found for m in block.modules() if m is not block}
+    return [cls for cls, found in candidates.items() if any(id(block) not in inner for block in found)]
+
+
 @contextlib.contextmanager
 def sharded_training(model: Any, precision: str, wrap: tuple[type, ...]) -> Iterator[None]:
     """``model.net`` sharded, ``model.optimizer`` pointed at the shards; both given back whole at the end.
@@ -199,29 +262,48 @@ class LockstepBatches:
     from all processes), so every process must run as many as the others. Validation shards
     are uneven, to count every sample exactly once; a process with fewer batches runs the
     forward pass of a spare batch for each missing one, and nothing of those is counted.
+    ``most_batches`` is None for an iterable's batches dealt out (:class:`~kerastorch.strategies.sharding.DealtBatches`),
+    whose count each process knows once it has read them all.
+
+    Before the first batch, every process takes the main process's buffers (BatchNorm's running
+    statistics), as DDP's first validation forward pass does: each process updated its own on its
+    own share of the batches, and the history, the checkpoints and ``evaluate`` of the returned
+    net all use the main process's.
     """
 
-    def __init__(self, loader: Any, spare_batch: Any, most_batches: int, forward: Callable[[Any], Any]):
+    def __init__(
+        self,
+        loader: Any,
+        spare_batch: Any,
+        most_batches: Optional[int],
+        forward: Callable[[Any], Any],
+        before: Callable[[], None] = lambda: None,
+    ):
         self.loader = loader
         self.spare_batch = spare_batch
         self.most_batches = most_batches
         self.forward = forward
+        self.before = before
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[Any]:
+        self.before()
         count = 0
         for batch in self.loader:
             count += 1
             yield batch
-        for _ in range(self.most_batches - count):
+        most = self.most_batches if self.most_batches is not None else self.loader.most_per_process()
+        for _ in range(most - count):
             self.forward(self.spare_batch)
 
 
 def lockstep_validation(loader: Any, users_loader: Any, model: Any, runtime: Any) -> LockstepBatches:
     """``loader`` (this process's share of ``users_loader``) wrapped in :class:`LockstepBatches`."""
-    counts = runtime.accelerator.gather(torch.tensor([len(loader)], device=runtime.device))
+    most = None
+    if not isinstance(loader, DealtBatches):
+        most = int(runtime.accelerator.gather(torch.tensor([len(loader)], device=runtime.device)).max())
     with rng_untouched(users_loader):
         spare = next(iter(users_loader))
 
@@ -229,7 +311,15 @@ def lockstep_validation(loader: Any, users_loader: Any, model: Any, runtime: Any
         with torch.no_grad(), runtime.autocast():
             model.forward_batch(runtime.to_device(batch))
 
-    return LockstepBatches(loader, spare, int(counts.max()), forward)
+    return LockstepBatches(loader, spare, most, forward, before=lambda: broadcast_buffers(model.net))
+
+
+def broadcast_buffers(net: nn.Module) -> None:
+    """Every process's buffers set to the main process's (a collective: every process calls it).
+    FSDP shards the parameters only; each process keeps and updates its own buffers."""
+    with torch.no_grad():
+        for buffer in net.buffers():
+            torch.distributed.broadcast(buffer, src=0)
 
 
 def repoint_optimizer(optimizer: torch.optim.Optimizer, new_of: dict[int, torch.Tensor]) -> None:

@@ -4,7 +4,8 @@
   batches, which the gradient exchange needs; the last ones may repeat a few samples);
 - the validation loader is sharded with ``even_batches=False``, so every validation
   sample is seen by exactly one process and none is repeated (a step that gathers at
-  every batch gets even shards instead);
+  every batch gets even shards instead); an iterable one is dealt out batch by batch
+  (:class:`DealtBatches`), with the same result;
 - epoch values are sums over all processes: the loss and plain-function metrics
   through :class:`~kerastorch.training.meters.EpochMeters`' ``reduce_fn``, stateful metrics
   through :func:`~kerastorch.training.metric_sync.compute_metric`. Nothing gathers predictions
@@ -62,11 +63,7 @@ def shard_exactly(accelerator, loader: DataLoader):
     _require_dataloader(loader, "val_data")
     if isinstance(loader.dataset, IterableDataset):
         # accelerate pads the shards of an iterable to equal lengths, so some samples would count twice.
-        raise ValueError(
-            "val_data reads an IterableDataset, which cannot be split exactly over several processes: the shards "
-            "are padded with repeated samples, so val_loss and the metrics would be off. Validate on a map-style "
-            "Dataset (with __len__ and __getitem__: e.g. a TensorDataset, or arrays), or train with devices=1."
-        )
+        return DealtBatches(loader, accelerator.process_index, accelerator.num_processes)
     if isinstance(loader.sampler, DistributedSampler):
         warnings.warn(
             "val_data uses a DistributedSampler, which repeats samples so that every process gets as many, so "
@@ -111,6 +108,30 @@ def whole_batches_dealt(loader: DataLoader) -> DataLoader:
     # prepare_data_loader, which builds its own loader from these attributes.
     object.__setattr__(dealt, "batch_sampler", AllBatches(loader.batch_sampler))
     return dealt
+
+
+class DealtBatches:
+    """An iterable's validation batches dealt out over the processes: each process reads the stream
+    whole and keeps every k-th batch, its rank's, so every sample is validated by exactly one process
+    and none is padded in. (A stream that shards itself by rank would be dealt twice: validate it on
+    one process, or give it whole.)"""
+
+    def __init__(self, loader: DataLoader, rank: int, num_processes: int):
+        self.loader = loader
+        self.rank = rank
+        self.num_processes = num_processes
+        self.total = 0  # the batches the stream held, known once it has been read
+
+    def __iter__(self) -> Iterator[Any]:
+        self.total = 0
+        for index, batch in enumerate(self.loader):
+            self.total = index + 1
+            if index % self.num_processes == self.rank:
+                yield batch
+
+    def most_per_process(self) -> int:
+        """The most batches any process got from the last pass (the first ranks' share)."""
+        return -(-self.total // self.num_processes)
 
 
 class SamplerEpochs:

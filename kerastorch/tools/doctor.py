@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import html
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, SequentialSampler
 
+from ..callbacks.base import Callback
 from ..callbacks.callback_list import CallbackList
 from ..checks.first_batch import broadcast_mismatch
 from ..data.batches import unpack
@@ -37,7 +39,7 @@ from ..settings import DataSettings, StepSettings
 from ..training.modes import eval_mode, train_mode
 from ..training.protocols import TrainableModel
 from ..training.step import FitStep
-from .snapshot import training_snapshot
+from .snapshot import training_snapshot, workers_as_they_were
 
 SEVERITIES = ("error", "warning", "info")
 CLASSIFICATION_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss)
@@ -127,6 +129,14 @@ def doctor(
     train_loader, val_loader = prepare_data(
         data, settings.batch_size, settings.shuffle, settings.validation_split, keep_float64=False, pin_memory=False
     )
+    loaders = [loader for loader in (train_loader, val_loader) if loader is not None]
+    with workers_as_they_were(loaders):  # looking at the first batches starts a persistent loader's workers
+        return Diagnosis(_examine(model, train_loader, val_loader, num_batches, max_compared, overfit_steps))
+
+
+def _examine(
+    model: TrainableModel, train_loader: Any, val_loader: Any, num_batches: int, max_compared: int, overfit_steps: int
+) -> list[Finding]:
     patient = Patient(
         model,
         runtime_for_net(model.net),
@@ -153,7 +163,7 @@ def doctor(
                         "Run fit once to see the full error, or look at this part of the setup.",
                     )
                 )
-    return Diagnosis(findings)
+    return findings
 
 
 def check_before_fit(model: TrainableModel, train_loader: Any, val_loader: Any) -> Diagnosis:
@@ -204,10 +214,12 @@ def _loss_name(loss_fn: Any) -> str:
     return type(loss_fn).__name__
 
 
-def _train_steps(patient: Patient, batches: Callable[[int], Any], steps: int) -> list[float]:
-    """Losses of ``steps`` training steps, each fit's own step (the model's ``train_step``)."""
+def _train_steps(patient: Patient, batches: Callable[[int], Any], steps: int, callbacks: tuple = ()) -> list[float]:
+    """Losses of ``steps`` training steps, each fit's own step (the model's ``train_step``), at the
+    rates of :func:`_trial_rates`. The caller's snapshot puts everything back."""
     model, runtime = patient.model, patient.runtime
-    fit_step = FitStep(model, runtime, StepSettings(), CallbackList([], model, {}))
+    _trial_rates(model.optimizer)
+    fit_step = FitStep(model, runtime, StepSettings(), CallbackList(list(callbacks), model, {}))
     model.fit_step = fit_step  # what model.backward / model.optimizer_step use inside train_step
     losses: list[float] = []
     try:
@@ -221,6 +233,39 @@ def _train_steps(patient: Patient, batches: Callable[[int], Any], steps: int) ->
     finally:
         model.fit_step = None
     return losses
+
+
+def _trial_rates(optimizer: torch.optim.Optimizer) -> None:
+    """A warm-up that starts from a learning rate of 0 would train nothing in a few trial steps:
+    those param groups train at the rate the scheduler warms up to (its ``initial_lr``)."""
+    for group in optimizer.param_groups:
+        if group.get("lr") == 0 and group.get("initial_lr", 0) > 0:
+            group["lr"] = group["initial_lr"]
+
+
+def _loss_floor(loss_fn: Any, preds: Any, labels: Any) -> float:
+    """The lowest mean loss any net can reach on these labels: 0, except for targets that are not
+    certain (label smoothing, probability targets), whose entropy no prediction goes below."""
+    if not isinstance(preds, torch.Tensor) or not isinstance(labels, torch.Tensor):
+        return 0.0
+    if getattr(loss_fn, "reduction", None) != "mean" or getattr(loss_fn, "weight", None) is not None:
+        return 0.0
+    if isinstance(loss_fn, nn.CrossEntropyLoss) and preds.dim() >= 2:
+        classes = preds.shape[1]
+        if labels.is_floating_point() and labels.shape == preds.shape:
+            targets = labels.float()
+        elif labels.dim() == preds.dim() - 1 and not labels.is_floating_point() and bool((labels >= 0).all()):
+            targets = nn.functional.one_hot(labels.long(), classes).movedim(-1, 1).float()
+        else:
+            return 0.0
+        targets = (1 - loss_fn.label_smoothing) * targets + loss_fn.label_smoothing / classes
+        return float(-torch.special.xlogy(targets, targets).sum(dim=1).mean())
+    if isinstance(loss_fn, (nn.BCEWithLogitsLoss, nn.BCELoss)) and labels.is_floating_point():
+        if getattr(loss_fn, "pos_weight", None) is not None:
+            return 0.0
+        p = labels.float().clamp(0, 1)
+        return float(-(torch.special.xlogy(p, p) + torch.special.xlogy(1 - p, 1 - p)).mean())
+    return 0.0
 
 
 # -- the checks, in the order they run ---------------------------------------------------------
@@ -282,7 +327,7 @@ def logits_not_probabilities(patient: Patient) -> list[Finding]:
                     "(logits). Apply softmax yourself after predict for probabilities.",
                 )
             ]
-    if isinstance(loss_fn, nn.BCEWithLogitsLoss) and in_unit and preds.numel() > 1 and preds.std() < 0.5:
+    if isinstance(loss_fn, nn.BCEWithLogitsLoss) and in_unit and preds.numel() > 1 and _squashed(patient):
         return [
             Finding(
                 "logits_not_probabilities",
@@ -304,19 +349,50 @@ def logits_not_probabilities(patient: Patient) -> list[Finding]:
     return []
 
 
+def _squashed(patient: Patient) -> bool:
+    """True when the net's outputs come out of a sigmoid: its last layer is one, or they stay inside
+    [0, 1] after training on the batch. A fresh net's raw scores can lie in [0, 1] by chance (small
+    weights, a positive bias); trained towards 0/1 labels they leave it, and a sigmoid's never do."""
+    last: list[nn.Module] = []
+    leaves = [m for m in patient.model.net.modules() if not any(True for _ in m.children())]
+    hooks = [m.register_forward_hook(lambda module, args, out: last.append(module)) for m in leaves]
+    try:
+        _outputs_and_labels(patient, patient.train_batches[0])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if last and isinstance(last[-1], nn.Sigmoid):
+        return True
+    batch = patient.train_batches[0]
+    _train_steps(patient, lambda step: batch, 20)
+    preds, _ = _outputs_and_labels(patient, batch)
+    return bool((preds >= 0).all() and (preds <= 1).all())
+
+
 def train_val_overlap(patient: Patient) -> list[Finding]:
     if patient.val_loader is None:
         return []
-    train_hashes = _sample_hashes(patient.train_loader, patient.max_compared)
-    val_hashes = _sample_hashes(patient.val_loader, patient.max_compared)
+    train_rows = _sample_hashes(patient.train_loader, patient.max_compared)
+    val_rows = _sample_hashes(patient.val_loader, patient.max_compared)
+    train_hashes, val_hashes = set(train_rows), set(val_rows)
     shared = train_hashes & val_hashes
+    compared = f"({len(train_rows)} training and {len(val_rows)} validation samples compared)"
     if not shared:
+        return [Finding("train_val_overlap", "info", f"No sample is in both sets {compared}.")]
+    # Tabular data with few distinct values repeats rows: a correct split then puts copies of
+    # training rows in the validation set about as often as the training rows repeat each other.
+    # A leak puts them there far more often.
+    counts = collections.Counter(train_rows)
+    repeated = sum(1 for row in train_rows if counts[row] > 1) / len(train_rows)
+    in_train = sum(1 for row in val_rows if row in train_hashes) / len(val_rows)
+    if repeated > 0 and in_train <= repeated + 0.1:
         return [
             Finding(
                 "train_val_overlap",
                 "info",
-                f"No sample is in both sets ({len(train_hashes)} training and {len(val_hashes)} validation "
-                "samples compared).",
+                f"{in_train:.0%} of the validation samples also appear in the training data, about as often as "
+                f"the training samples repeat each other ({repeated:.0%} of them do) {compared}: duplicated rows, "
+                "as tabular data with few distinct values has, not a leak.",
             )
         ]
     return [
@@ -331,15 +407,16 @@ def train_val_overlap(patient: Patient) -> list[Finding]:
     ]
 
 
-def _sample_hashes(loader: Any, limit: int) -> set:
-    hashes: set = set()
+def _sample_hashes(loader: Any, limit: int) -> list:
+    """A hash of each of the first ``limit`` samples' inputs, in order (repeated rows repeat)."""
+    hashes: list = []
     with rng_untouched(loader):
         for batch in loader:
             inputs = _inputs_tensor(batch)
             if inputs is None or inputs.dim() == 0:
                 return hashes
             for row in inputs.detach().cpu().contiguous():
-                hashes.add(hashlib.blake2b(row.numpy().tobytes(), digest_size=16).digest())
+                hashes.append(hashlib.blake2b(row.numpy().tobytes(), digest_size=16).digest())
                 if len(hashes) >= limit:
                     return hashes
     return hashes
@@ -380,9 +457,15 @@ def inputs_normalized(patient: Patient) -> list[Finding]:
 def class_balance(patient: Patient) -> list[Finding]:
     if not isinstance(patient.model.loss_fn, CLASSIFICATION_LOSSES + (nn.BCEWithLogitsLoss, nn.BCELoss)):
         return []
+    first_labels = _parts(patient.train_batches[0])[2]
+    binary = isinstance(patient.model.loss_fn, (nn.BCEWithLogitsLoss, nn.BCELoss))
+    if binary and isinstance(first_labels, torch.Tensor) and first_labels.dim() >= 2 and first_labels.shape[-1] > 1:
+        return []  # multi-label tags: rare positives are their nature (pos_weight weights them if needed)
     labels = training_labels(patient.train_loader)
     if labels.numel() == 0:
         return []
+    if labels.is_floating_point() and not bool(((labels == 0) | (labels == 1)).all()):
+        return []  # soft targets, no classes to count
     labels = labels.long() if labels.is_floating_point() else labels
     counts = torch.bincount(labels.reshape(-1).clamp_min(0))
     present = counts[counts > 0]
@@ -404,7 +487,13 @@ def class_balance(patient: Patient) -> list[Finding]:
                 "warning",
                 f"Class {rarest} has {rare} training samples against {common} for the most common class: the net "
                 "can score well by ignoring it.",
-                "fit(..., class_weight='balanced'), or a WeightedRandomSampler, or collect more samples of it.",
+                "fit(..., class_weight='balanced'), or a WeightedRandomSampler, or collect more samples of it."
+                + (
+                    f" With one output, nn.BCEWithLogitsLoss(pos_weight=torch.tensor([{common / rare:.3g}])) "
+                    "weights the positives too."
+                    if binary and rarest == 1
+                    else ""
+                ),
             )
         ]
     return []
@@ -430,45 +519,63 @@ def shuffled(patient: Patient) -> list[Finding]:
 
 def overfits_one_batch(patient: Patient) -> list[Finding]:
     batch = patient.train_batches[0]
+    preds, labels = _outputs_and_labels(patient, batch)
+    floor = _loss_floor(patient.model.loss_fn, preds, labels)  # label smoothing: the loss cannot reach 0
     losses = _train_steps(patient, lambda step: batch, patient.overfit_steps)
     first, last = losses[0], min(losses)
-    if math.isfinite(last) and (last < 0.2 * first or last < 1e-2):
+    if math.isfinite(last) and (last - floor < 0.2 * (first - floor) or last - floor < 1e-2):
         return []
     return [
         Finding(
             "overfits_one_batch",
             "warning",
-            f"Trained {len(losses)} steps on one batch, the loss went from {first:.4g} to {last:.4g} only: a net "
-            "that cannot learn one batch by heart will not learn the data set.",
+            f"Trained {len(losses)} steps on one batch, the loss went from {first:.4g} to {last:.4g} only"
+            + (f" (it cannot go below {floor:.4g} on these labels)" if floor > 0 else "")
+            + ": a net that cannot learn one batch by heart will not learn the data set.",
             "Check the learning rate (model.lr_find(...)), that the net is big enough, and that the labels "
             "reach the loss as you expect.",
         )
     ]
 
 
+class _GradientsSeen(Callback):
+    """After each backward pass: which parameters got a gradient, and which a non-zero one."""
+
+    def __init__(self, parameters: dict[str, nn.Parameter]):
+        self.parameters = parameters
+        self.connected: set[str] = set()
+        self.moving: set[str] = set()
+
+    def on_after_backward(self) -> None:
+        for name, param in self.parameters.items():
+            if param.grad is not None:
+                self.connected.add(name)
+                if bool(param.grad.abs().sum() > 0):
+                    self.moving.add(name)
+
+
+LEARNING_STEPS = 3  # a parameter behind one that starts at zero (LoRA's B) gets gradients from step 2
+
+
 def all_parameters_learn(patient: Patient) -> list[Finding]:
-    model, runtime = patient.model, patient.runtime
-    model.net.train()
-    model.optimizer.zero_grad(set_to_none=True)
-    loss, _, _ = model.forward_batch(runtime.to_device(patient.train_batches[0]))
-    loss.backward()
-    frozen, silent = [], []
-    for name, param in model.net.named_parameters():
-        if not param.requires_grad:
-            frozen.append(name)
-        elif param.grad is None or not bool(param.grad.abs().sum() > 0):
-            silent.append(name)
-    model.optimizer.zero_grad(set_to_none=True)
+    model, batches = patient.model, patient.train_batches
+    named = dict(model.net.named_parameters())
+    frozen = [name for name, param in named.items() if not param.requires_grad]
+    seen = _GradientsSeen({name: param for name, param in named.items() if param.requires_grad})
+    _train_steps(patient, lambda step: batches[step % len(batches)], LEARNING_STEPS, callbacks=(seen,))
+    # Layers that start at zero (LoRA's B, a residual branch's last layer) hold back the gradients
+    # of the layers before them for a step, not for good: only a gradient that stays zero is a problem.
+    silent = [name for name in seen.parameters if name not in seen.moving]
     findings = []
     if silent:
         findings.append(
             Finding(
                 "all_parameters_learn",
                 "warning",
-                f"{len(silent)} parameter(s) got no gradient from the loss: {', '.join(silent[:5])}"
-                f"{' ...' if len(silent) > 5 else ''}. They never learn.",
-                "Use these layers in forward (or remove them); a layer defined but never called, or "
-                "a .detach() / torch.no_grad() in forward, cuts them off.",
+                f"{len(silent)} parameter(s) got no gradient from the loss in {LEARNING_STEPS} training steps: "
+                f"{', '.join(silent[:5])}{' ...' if len(silent) > 5 else ''}. They never learn.",
+                "Use these layers in forward (or remove them); a layer defined but never called, a "
+                ".detach() / torch.no_grad() in forward, or a multiplication by zero cuts them off.",
             )
         )
     if frozen:
@@ -513,7 +620,7 @@ def finite_inputs(patient: Patient) -> list[Finding]:
 def learning_rate(patient: Patient) -> list[Finding]:
     batches = patient.train_batches
     losses = _train_steps(patient, lambda step: batches[step % len(batches)], 8)
-    lr = patient.model.optimizer.param_groups[0]["lr"]
+    lr = patient.model.optimizer.param_groups[0]["lr"]  # the rate trained at (a warm-up's target)
     if not math.isfinite(losses[-1]) or (len(losses) > 2 and min(losses[2:]) > 1.5 * losses[0]):
         return [
             Finding(

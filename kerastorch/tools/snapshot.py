@@ -1,11 +1,14 @@
 """Everything a trial run could change, captured and put back exactly.
 
 ``lr_find`` trains for a few dozen steps to learn something about the model and then
-leaves it as it found it: the net's weights and buffers (and their device),
-``requires_grad`` flags, gradients and train/eval mode, the optimizer's state and
-hyper-parameters (its learning rates), the scheduler, and every random number generator
-with the loaders' shuffle order (:mod:`kerastorch.training.rng`, the same capture that
-``resume=True`` saves). So ``lr_find`` followed by ``fit`` gives the history ``fit`` alone gives.
+leaves it as it found it: the parameters and every buffer (``persistent=False`` ones too,
+which a ``state_dict`` leaves out) of the net and of the loss when it is a module (a
+learned temperature, a running count), with their device, any other tensor the optimizer
+updates, ``requires_grad`` flags, gradients and train/eval mode, the optimizer's state and
+hyper-parameters (its learning rates), the scheduler, every random number generator with
+the loaders' shuffle order (:mod:`kerastorch.training.rng`, the same capture that
+``resume=True`` saves), and the worker processes of a ``persistent_workers=True`` loader
+that had none before. So ``lr_find`` followed by ``fit`` gives the history ``fit`` alone gives.
 
 Example::
 
@@ -21,6 +24,7 @@ import copy
 from typing import Any, Iterable, Iterator
 
 import torch
+from torch import nn
 
 from ..strategies import unwrap
 from ..training.rng import capture_rng_state, restore_rng_state
@@ -30,37 +34,91 @@ from ..training.rng import capture_rng_state, restore_rng_state
 def training_snapshot(model: Any, loaders: Iterable[Any] = ()) -> Iterator[None]:
     """Capture the model's training state on entry and restore it on exit, also after an error."""
     loaders = list(loaders)
-    net = unwrap(model.net)
-    tensors = {name: tensor.detach().clone() for name, tensor in net.state_dict(keep_vars=True).items()}
-    places = {name: (tensor.device, tensor.dtype) for name, tensor in net.state_dict(keep_vars=True).items()}
-    parameters = dict(net.named_parameters())
-    requires_grad = {name: p.requires_grad for name, p in parameters.items()}
-    grads = {name: (p.grad.detach().clone() if p.grad is not None else None) for name, p in parameters.items()}
-    modes = {name: module.training for name, module in net.named_modules()}
+    tensors = TensorSnapshot(trained_tensors(model))
+    modes = {module: module.training for root in trained_modules(model) for module in root.modules()}
     optimizer_state = copy.deepcopy(model.optimizer.state_dict())
     scheduler = model.lr_scheduler
     scheduler_state = copy.deepcopy(scheduler.state_dict()) if scheduler is not None else None
     rng_state = capture_rng_state(loaders)
     try:
-        yield
+        with workers_as_they_were(loaders):
+            yield
     finally:
-        with torch.no_grad():
-            current = net.state_dict(keep_vars=True)
-            for name, saved in tensors.items():
-                device, dtype = places[name]
-                target = current[name]
-                if target.device != device or target.dtype != dtype:  # moved or cast by the trial: move back
-                    target.data = target.data.to(device=device, dtype=dtype)
-                target.copy_(saved)
-        for name, param in parameters.items():
-            param.requires_grad_(requires_grad[name])
-            param.grad = grads[name]
-        for name, module in net.named_modules():
-            module.training = modes[name]
+        tensors.restore()
+        for module, training in modes.items():
+            module.training = training
         model.optimizer.load_state_dict(optimizer_state)
         if scheduler is not None:
             scheduler.load_state_dict(scheduler_state)
         restore_rng_state(rng_state, loaders)
 
 
-__all__ = ["training_snapshot"]
+def trained_modules(model: Any) -> list[nn.Module]:
+    """The modules a training step runs and may change: the bare net, and the loss when it is a module."""
+    modules = [unwrap(model.net)]
+    if isinstance(model.loss_fn, nn.Module):
+        modules.append(model.loss_fn)
+    return modules
+
+
+def trained_tensors(model: Any) -> list[torch.Tensor]:
+    """Every tensor a training step may change: the parameters and buffers of :func:`trained_modules`
+    (all of them, not only the ``state_dict``'s), then whatever else the optimizer updates."""
+    found: dict[int, torch.Tensor] = {}
+    for module in trained_modules(model):
+        for tensor in (*module.parameters(), *module.buffers()):
+            found.setdefault(id(tensor), tensor)
+    for group in model.optimizer.param_groups:
+        for tensor in group["params"]:
+            found.setdefault(id(tensor), tensor)
+    return list(found.values())
+
+
+class TensorSnapshot:
+    """Copies of tensors (values, device, dtype; for parameters ``requires_grad`` and the gradient),
+    put back into the same tensor objects by :meth:`restore`."""
+
+    def __init__(self, tensors: list[torch.Tensor]):
+        self.saved = [
+            (
+                tensor,
+                tensor.detach().clone(),
+                tensor.device,
+                tensor.dtype,
+                tensor.requires_grad,
+                tensor.grad.detach().clone() if tensor.grad is not None else None,
+            )
+            for tensor in tensors
+        ]
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for tensor, value, device, dtype, requires_grad, grad in self.saved:
+                if tensor.device != device or tensor.dtype != dtype:  # moved or cast by the trial: move back
+                    tensor.data = tensor.data.to(device=device, dtype=dtype)
+                tensor.copy_(value)
+                if tensor.is_leaf:
+                    tensor.requires_grad_(requires_grad)
+                    tensor.grad = grad
+
+
+@contextlib.contextmanager
+def workers_as_they_were(loaders: Iterable[Any]) -> Iterator[None]:
+    """A ``persistent_workers=True`` DataLoader starts its worker processes on its first pass and
+    keeps them, with their random state, for every later pass. A loader that had none before the
+    block has none after it: the next run starts them as it would have without the block."""
+    fresh = [
+        loader
+        for loader in loaders
+        if getattr(loader, "persistent_workers", False) and getattr(loader, "_iterator", False) is None
+    ]
+    try:
+        yield
+    finally:
+        for loader in fresh:
+            iterator, loader._iterator = loader._iterator, None
+            if iterator is not None:
+                iterator._shutdown_workers()
+
+
+__all__ = ["TensorSnapshot", "trained_modules", "trained_tensors", "training_snapshot", "workers_as_they_were"]

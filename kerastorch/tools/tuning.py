@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ import torch
 
 from ..callbacks.callback_list import CallbackList
 from ..checks.first_batch import check_first_batch
+from ..data.batches import unpack
 from ..data.forms import FitData, prepare_data
 from ..devices.placement import place_parts
 from ..devices.plan import make_plan
@@ -118,9 +120,11 @@ def lr_find(
             for step, lr in enumerate(lrs):
                 for group in model.optimizer.param_groups:
                     group["lr"] = float(lr)
-                loss, _, _ = steps.run(0, runtime.to_device(next(batches)))
+                batch = next(batches)
+                loss, _, _ = steps.run(0, runtime.to_device(batch))
                 value = float(loss.detach())
                 if not math.isfinite(value):
+                    check_finite_batch(batch, step)
                     break
                 raw.append(value)
                 average = smoothing * average + (1 - smoothing) * value
@@ -131,6 +135,12 @@ def lr_find(
         finally:
             model.fit_step = None
             runtime.teardown()
+    if not raw:  # the first step's loss comes before any update: the learning rate played no part
+        raise ValueError(
+            "lr_find: the loss of the first batch is NaN or infinite before any weight changed, so no learning "
+            "rate can be measured. The net or the loss produce it on this data: look at the first batch "
+            "(model.doctor(train_data) checks for NaN inputs and labels, outputs and the loss)."
+        )
     if len(raw) < 3:
         raise ValueError(
             f"lr_find stopped after {len(raw)} step(s): the loss diverged at once from start_lr={finder.start_lr}. "
@@ -138,6 +148,15 @@ def lr_find(
         )
     history = pd.DataFrame({"lr": lrs[: len(raw)], "loss": _smoothed(raw, smoothing), "raw_loss": raw})
     suggestion = steepest_descent(history["lr"].to_numpy(), history["loss"].to_numpy())
+    if suggestion < finder.start_lr:
+        warnings.warn(
+            f"lr_find's suggestion {suggestion:.3g} lies below every rate it tried (from start_lr="
+            f"{finder.start_lr:g}): the loss was lowest in the first steps, so the curve shows no descent to read "
+            "it from. Search lower (lr_find(start_lr=...) 100x smaller) or on more steps (num_steps=...), and check "
+            "the data with model.doctor(...).",
+            UserWarning,
+            stacklevel=3,
+        )
     if plan.where == "rank":  # every process of the job gets rank 0's answer
         suggestion = _from_rank_zero(suggestion)
     return LRFinderResult(history, suggestion)
@@ -190,6 +209,19 @@ def _smoothed(raw: list[float], smoothing: float) -> list[float]:
         average = smoothing * average + (1 - smoothing) * value
         out.append(average / (1 - smoothing ** (step + 1)))
     return out
+
+
+def check_finite_batch(batch: Any, step: int) -> None:
+    """A NaN or infinite loss on a batch that holds NaN or infinite numbers: name the data, not the rate."""
+    inputs, kwargs, labels = unpack(batch)[:3]
+    for part, tensor in [("inputs", t) for t in (*inputs, *kwargs.values())] + [("labels", labels)]:
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not bool(tensor.isfinite().all()):
+            bad = int((~tensor.isfinite()).sum())
+            raise ValueError(
+                f"lr_find: train_data's batch {step + 1} holds {bad} NaN or infinite value(s) in its {part}, "
+                "which make the loss NaN whatever the learning rate. Fill or drop the missing values before "
+                "training (e.g. df.fillna(...) or df.dropna(); model.doctor(train_data) looks at the data too)."
+            )
 
 
 def _endless(loader: Any):

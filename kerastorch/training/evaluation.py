@@ -1,17 +1,26 @@
-"""``evaluate`` and ``predict``: one pass over data with the net where it already is."""
+"""``evaluate`` and ``predict``: one pass over data with the net where it already is.
+
+Both take Keras's keywords (checked at the door, :mod:`kerastorch.arguments`): ``steps`` runs the
+first n batches (and, without ``batch_size``, sizes the batches kerastorch makes so that n cover
+the data, as Keras does), ``callbacks`` get the test hooks (``evaluate``) or the predict hooks
+(``predict``) in Keras's order, ``evaluate(return_dict=False)`` gives Keras's list.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from tqdm.std import tqdm as text_tqdm
 
 from ..callbacks.callback_list import CallbackList
 from ..callbacks.progress import ProgressBar
 from ..compat.runners import RunnerEpochs, program_runners
-from ..data.forms import eval_loader
+from ..data.arrays import is_flat_group
+from ..data.forms import EvalData, eval_loader
+from ..data.loaders import FirstBatches
 from ..data.peek import num_batches
 from ..devices.runtime import runtime_for_net
+from ..settings import EvaluateSettings, PredictSettings
 from ..tools.notebook import output_style
 from .loop import evaluate_epoch, predict_outputs
 from .meters import EpochMeters
@@ -21,33 +30,48 @@ from .protocols import TrainableModel
 PROGRESS_DELAY_S = 2.0  # predict shows a bar once it has taken this long
 
 
-def evaluate(
-    model: TrainableModel, data: Any, y: Any = None, batch_size: Optional[int] = None, quiet: bool = False
-) -> dict[str, float]:
-    """Loss and metrics over ``data`` (eval mode, no gradients): ``{"val_loss": ..., "val_<m>": ...}``."""
-    data = eval_loader(data, y, batch_size, needs_labels=True)
+def evaluate(model: TrainableModel, given: EvalData, settings: EvaluateSettings) -> Any:
+    """Loss and metrics over the data (eval mode, no gradients): ``{"val_loss": ..., "val_<m>": ...}``,
+    or with ``return_dict=False`` Keras's list of the same values in the same order (a single number
+    when there is only the loss)."""
+    data = eval_loader(
+        given.data,
+        given.y,
+        settings.batch_size,
+        needs_labels=True,
+        sample_weight=given.sample_weight,
+        steps=settings.steps,
+    )
+    if settings.steps is not None:
+        data = FirstBatches(data, settings.steps)
     runners = program_runners(model)  # a program's own step class evaluates, as it does in its own library
     if runners is None:
         check_loss_fn(model)  # type: ignore[arg-type]
     runtime = runtime_for_net(model.net)
     runtime = runtime.strategy.runtime_for(runtime, model, data)
-    callbacks = CallbackList([ProgressBar(verbose=0 if quiet else 1)], model, {"epochs": 1, "steps": num_batches(data)})
+    params = {"epochs": 1, "steps": num_batches(data), "verbose": settings.verbose}
+    callbacks = CallbackList([*settings.callbacks, ProgressBar(verbose=settings.verbose)], model, params)
     if runners is not None:
         logs = RunnerEpochs(model, runners, runtime, callbacks).validate(data)
     else:
         meters = EpochMeters("val", model.metrics_dict, runtime.outputs_device)
         logs = evaluate_epoch(model, data, runtime, meters, callbacks)
-    if not quiet:
+    if settings.verbose:
         model.print(", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
-    return logs
+    if settings.return_dict:
+        return logs
+    values = list(logs.values())  # the loss first, then the metrics in metrics_dict's order, as Keras lists them
+    return values[0] if len(values) == 1 else values
 
 
-def predict(model: TrainableModel, data: Any, batch_size: Optional[int] = None, verbose: int = 1) -> Any:
-    """The net's outputs for ``data``, on the CPU, rows in data order (eval mode, no gradients)."""
-    data = eval_loader(data, None, batch_size, needs_labels=False)
+def predict(model: TrainableModel, given: EvalData, settings: PredictSettings) -> Any:
+    """The net's outputs for the data, on the CPU, rows in data order (eval mode, no gradients)."""
+    data = eval_loader(given.data, None, settings.batch_size, needs_labels=False, steps=settings.steps)
+    if settings.steps is not None:
+        data = FirstBatches(data, settings.steps)
     # A text bar only for a long prediction (tqdm's delay), gone when done; never in a log, where each
     # redraw would be a line. Text, not a widget, so a short prediction leaves nothing in a notebook.
-    shown = bool(verbose) and model.is_main_process and output_style() != "lines"
+    shown = settings.verbose == 1 and model.is_main_process and output_style() != "lines"
     batches = text_tqdm(
         data,
         total=num_batches(data),
@@ -57,7 +81,19 @@ def predict(model: TrainableModel, data: Any, batch_size: Optional[int] = None, 
         leave=False,
         disable=not shown,
     )
-    return predict_outputs(model, batches, runtime_for_net(model.net))
+    params = {"epochs": 1, "steps": num_batches(data), "verbose": settings.verbose}
+    callbacks = CallbackList(settings.callbacks, model, params)
+    try:
+        return predict_outputs(model, batches, runtime_for_net(model.net), callbacks)
+    except TypeError as error:
+        inputs = given.data
+        if isinstance(inputs, (tuple, list)) and is_flat_group(inputs) and len(inputs) > 1:
+            raise TypeError(
+                f"{error}. predict passed the {len(inputs)} arrays of the {type(inputs).__name__} to the net as "
+                f"{len(inputs)} inputs: predict takes no labels, so every array is an input (Keras's rule). Pass the "
+                "inputs only: model.predict(X) for a net with one, model.predict([X1, X2]) for a net with two."
+            ) from error
+        raise
 
 
 __all__ = ["evaluate", "predict"]

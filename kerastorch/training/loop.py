@@ -172,14 +172,26 @@ def evaluate_epoch(
 
 
 @torch.no_grad()
-def predict_outputs(model: TrainableModel, loader: Any, runtime: Runtime) -> Any:
-    """The net's outputs for every batch, on the CPU, concatenated in data order."""
+def predict_outputs(
+    model: TrainableModel, loader: Any, runtime: Runtime, callbacks: Optional[CallbackList] = None
+) -> Any:
+    """The net's outputs for every batch, on the CPU, concatenated in data order; ``callbacks`` get
+    Keras's predict hooks (``on_predict_batch_end``'s logs hold the batch's ``outputs``)."""
     outputs = []
+    callbacks = callbacks if callbacks is not None else CallbackList([], model, {})
+    on_begin, on_end = callbacks.wants("on_predict_batch_begin"), callbacks.wants("on_predict_batch_end")
     with eval_mode(model.net):
-        for batch in loader:
+        callbacks.call("on_predict_begin", {})
+        for batch_index, batch in enumerate(loader):
+            if on_begin:
+                callbacks.call("on_predict_batch_begin", batch_index, {})
             batch = runtime.to_device(batch)
             with runtime.autocast():
-                outputs.append(to_host(model.predict_batch(batch)))
+                batch_outputs = model.predict_batch(batch)
+            outputs.append(to_host(batch_outputs))
+            if on_end:
+                callbacks.call("on_predict_batch_end", batch_index, {"outputs": batch_outputs})
+        callbacks.call("on_predict_end", {})
     if not outputs:
         raise ValueError("predict got no batches: the data is empty.")
     return concatenate_batches(outputs)

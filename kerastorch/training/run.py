@@ -8,8 +8,8 @@ the plan: in this process (:func:`fit_here`), or in k forked workers that each r
 (:mod:`kerastorch.strategies`) prepares the net and the loaders for each process.
 
 fit's own behaviours — the NaN guard, the best weights, early stopping, the live plot,
-Weights & Biases, the training state and the progress bar — are callbacks, chosen
-from the settings in :func:`callbacks_for_fit`.
+Weights & Biases, the training state, the reports to Ray Train (inside its workers) and the
+progress bar — are callbacks, chosen from the settings in :func:`callbacks_for_fit`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from ..callbacks.callback_list import CallbackList
 from ..callbacks.early_stopping import EarlyStopping, early_stoppings_in
 from ..callbacks.live_plot import LivePlot
 from ..callbacks.progress import ProgressBar
+from ..callbacks.ray_report import ray_train_report
 from ..callbacks.terminate_on_nan import TerminateOnNaN
 from ..callbacks.training_state import TrainingState, resumed_history, training_state_path, training_states_in
 from ..callbacks.wandb_logger import WandbLogger
@@ -35,7 +36,7 @@ from ..checks.first_batch import check_first_batch
 from ..checks.model import check_model_for_fit
 from ..compat.runners import ProgramRunners, RunnerEpochs, check_runner_monitor, program_runners, runner_columns
 from ..data.forms import FitData, prepare_data
-from ..data.loaders import per_process_training_data, training_labels
+from ..data.loaders import per_process_training_data, per_process_validation_data, training_labels
 from ..data.peek import num_batches
 from ..data.sample_weights import check_weighted_loss, class_weight_table
 from ..devices.launch import run_in_workers
@@ -51,7 +52,7 @@ from .loop import FitEpochs, fit_loop
 from .meters import EpochMeters
 from .parts import ModelParts
 from .position import RunPosition
-from .preemption import Preemption, preemption_for, signals_passed_to_workers
+from .preemption import Preempted, Preemption, preemption_for, signals_passed_to_workers
 from .protocols import Epochs, TrainableModel
 from .step import FitStep
 
@@ -70,6 +71,9 @@ def fit(model: TrainableModel, data: FitData, settings: FitSettings, lr_schedule
         settings.data.validation_split,
         keep_float64=plan.precision == "64-true",
         pin_memory=plan.device_type == "cuda",
+        steps_per_epoch=settings.data.steps_per_epoch,
+        validation_batch_size=settings.data.validation_batch_size,
+        validation_steps=settings.data.validation_steps,
     )
     check_model_for_fit(model, train_data, settings, sample_weight=data.sample_weight)
     if settings.doctor:
@@ -95,7 +99,8 @@ def scheduled_for_this_run(
         yield settings
         return
     steps = updates_per_epoch(train_loader, plan.num_processes, settings)
-    model.lr_scheduler = lr_schedule.scheduler(model.optimizer, total_steps=settings.epochs * steps)
+    epochs = settings.epochs - settings.initial_epoch  # the epochs this run trains
+    model.lr_scheduler = lr_schedule.scheduler(model.optimizer, total_steps=epochs * steps)
     model.lr_scheduler_interval = "step"
     try:
         yield dataclasses.replace(settings, step=dataclasses.replace(settings.step, scheduler_interval="step"))
@@ -159,6 +164,7 @@ def fit_here(
             train_loader = per_process_training_data(
                 train_loader, settings.data, class_weights, followed=keeps_training_state(settings)
             )
+            val_loader = per_process_validation_data(val_loader, settings.data)
             if not runtime.is_main_process:  # one process prints, draws and logs
                 settings = dataclasses.replace(settings, output=settings.output.silenced())
             meters = epoch_meters(model, runtime, settings) if runners is None else {}
@@ -267,6 +273,9 @@ def train_with_callbacks(
             f"{settings.epochs} rows (the weights are the best of all {len(rows)})."
         )
         del rows[settings.epochs :]
+    ended = "failed"  # how fit ended, for on_train_end (params["ended"]): until the loop returns or is interrupted
+    # Keras's initial_epoch=n: n epochs are done, the first to train is the (n + 1)-th (1-based, as the history).
+    first_epoch = rows[-1]["epoch"] + 1 if rows else settings.initial_epoch + 1
     try:
         if not model.stop_training:  # a resumed run that had already stopped early stays stopped
             fit_loop(
@@ -278,20 +287,26 @@ def train_with_callbacks(
                 callbacks,
                 settings.epochs,
                 rows,
-                first_epoch=rows[-1]["epoch"] + 1 if rows else 1,
+                first_epoch=first_epoch,
                 validation_freq=settings.data.validation_freq,
                 position=position,
                 preemption=preemption,
             )
+        ended = "finished"
+    except Preempted:
+        ended = "preempted"  # the state is written; the caller gets the Preempted
+        raise
     except KeyboardInterrupt:
+        ended = "interrupted"
         restored = "the best weights restored" if rows else "the weights from before training restored"
         model.print(
-            f"Interrupted during epoch {len(rows) + 1}: returning the history of the {len(rows)} "
-            f"finished epoch(s) with {restored}."
+            f"Interrupted during epoch {rows[-1]['epoch'] + 1 if rows else first_epoch}: returning the history of "
+            f"the {len(rows)} finished epoch(s) with {restored}."
         )
     finally:
         model.fit_step = None
         model.history = history_frame(rows, ["epoch", *columns] if columns is not None else None)
+        callbacks.params["ended"] = ended
         callbacks.call("on_train_end", rows[-1] if rows else {})
     return model.history
 
@@ -352,6 +367,10 @@ def callbacks_for_fit(
             preemption.keep_state_with(state)
     if preemption is not None:
         chosen.append(preemption)
+    runtime = model.runtime
+    if runtime is not None and runtime.cluster.name == "ray":  # a Ray Train worker: report each epoch to Ray
+        kept_files = [training_state_path(watch.ckpt_path)] if watch.resume and watch.ckpt_path else []
+        chosen.append(ray_train_report(watch.ckpt_path, kept_files, runtime.is_main_process))
     chosen.append(ProgressBar(verbose=output.verbose))
     params = {
         "epochs": settings.epochs,
