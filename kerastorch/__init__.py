@@ -42,6 +42,7 @@ from .seed import seed_everything, seed_worker
 from .summary import summary  # the module first: importing it later must not hide the function
 from .tools.doctor import DoctorError
 from .tools.plots import plot_history
+from .training.preemption import Preempted
 
 __version__ = "0.1.0"
 
@@ -49,6 +50,7 @@ __all__ = [
     "Callback",
     "DoctorError",
     "KerasModel",
+    "Preempted",
     "callbacks",
     "cluster_environment",
     "devices",

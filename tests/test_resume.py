@@ -217,8 +217,10 @@ def test_the_state_file_holds_the_whole_run_and_loads_without_pickle(tmp_path):
     assert set(state["callbacks"]["EarlyStopping"]) >= {"best", "best_epoch", "wait"}
     assert state["lr_scheduler"]["last_epoch"] == 2
     assert all("momentum_buffer" in s for s in state["optimizer"]["state"].values())
-    assert set(state["rng"]) >= {"python", "numpy", "torch", "cuda", "data_order"}
-    assert len(state["rng"]["data_order"][0]) == 1  # the train loader's generator
+    assert state["batches"] == 0 and len(state["processes"]) == 1  # after an epoch; one process's part
+    rng = state["processes"][0]["rng"]
+    assert set(rng) >= {"python", "numpy", "torch", "cuda", "data_order", "data_generators"}
+    assert len(rng["data_order"][0]) == 1  # the train loader's generator
     assert sorted(os.listdir(tmp_path)) == ["best.safetensors", "best.safetensors.state"]
 
 
@@ -369,7 +371,7 @@ def test_on_a_gpu_the_grad_scaler_and_cuda_generators_are_saved_and_restored(tmp
         dl_train, dl_val, epochs=2, verbose=0, accelerator="cuda", precision="16-mixed", ckpt_path=ckpt, resume=True
     )
     state = load_state_file(training_state_path(ckpt))
-    assert len(state["rng"]["cuda"]) == torch.cuda.device_count()
+    assert len(state["processes"][0]["rng"]["cuda"]) == torch.cuda.device_count()
     assert state["grad_scaler"] is not None and "scale" in state["grad_scaler"]
 
     class ReadScaler(kt.Callback):
@@ -393,4 +395,20 @@ def test_on_a_gpu_the_grad_scaler_and_cuda_generators_are_saved_and_restored(tmp
     assert history["epoch"].tolist() == [1, 2, 3]
     pd.testing.assert_frame_equal(history.iloc[:2], first_history, check_exact=True)
     assert reader.scale == float(state["grad_scaler"]["scale"])
-    assert torch.equal(reader.cuda_rng, state["rng"]["cuda"][torch.cuda.current_device()])
+    assert torch.equal(reader.cuda_rng, state["processes"][0]["rng"]["cuda"][torch.cuda.current_device()])
+
+
+def test_a_state_written_by_the_previous_version_still_resumes_exactly(tmp_path):
+    # Version 1 (epochs only) kept one random state for every process, at the top of the file.
+    ckpt = tmp_path / "best.safetensors"
+    dl_train, dl_val = tiny_data()
+    straight = tiny_model().fit(dl_train, dl_val, epochs=3, patience=None, verbose=0)
+    dl_train, dl_val = tiny_data()
+    tiny_model().fit(dl_train, dl_val, epochs=2, patience=None, verbose=0, ckpt_path=ckpt, resume=True)
+    state = load_state_file(training_state_path(ckpt))
+    rng = state.pop("processes")[0]["rng"]
+    del state["batches"], state["epoch_lr"], rng["data_generators"]
+    torch.save({**state, "version": 1, "rng": rng}, training_state_path(ckpt))
+    dl_train, dl_val = tiny_data()
+    resumed = tiny_model().fit(dl_train, dl_val, epochs=3, patience=None, verbose=0, ckpt_path=ckpt, resume=True)
+    pd.testing.assert_frame_equal(resumed, straight, check_exact=True)

@@ -8,6 +8,7 @@ of them is created. Inside a Ray Train worker ``fit`` adds its own ``RayTrainRep
 
 import importlib as _importlib
 
+from .backup_and_restore import BackupAndRestore
 from .base import Callback
 from .best_weights import RestoreBestWeights
 from .callback_list import CallbackList  # noqa: F401 (importable: the run's list, not a callback)
@@ -30,6 +31,7 @@ from .training_state import TrainingState
 from .wandb_logger import WandbLogger
 
 __all__ = [
+    "BackupAndRestore",
     "CSVLogger",
     "Callback",
     "EMA",

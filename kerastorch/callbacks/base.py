@@ -14,7 +14,8 @@ class Callback:
     history's columns after ``epoch``, known before the first batch) and ``train_data``
     (this process's training batches, for a callback that needs a pass over them); when
     ``on_train_end`` runs, ``ended`` says how fit ended: ``"finished"`` (every epoch, or a
-    stop asked for), ``"interrupted"`` (Ctrl-C) or ``"failed"`` (an error goes by). ``epoch`` is
+    stop asked for), ``"interrupted"`` (Ctrl-C), ``"preempted"`` (SIGTERM: ``kt.Preempted`` goes by)
+    or ``"failed"`` (an error goes by). ``epoch`` is
     1-based, like the history's ``epoch`` column. Set ``self.model.stop_training = True``
     to stop after the current epoch (from a training batch hook: after that batch).
 

@@ -152,7 +152,7 @@ class MLflowLogger(Callback):
         if self.run_id is None:
             return
         ended = self.params.get("ended", "failed")
-        status = {"finished": "FINISHED", "interrupted": "KILLED"}.get(ended, "FAILED")
+        status = {"finished": "FINISHED", "interrupted": "KILLED", "preempted": "KILLED"}.get(ended, "FAILED")
         # Epochs in the history that no on_epoch_end logged (Ctrl-C in an earlier callback's epoch end).
         for row in self.model.history.to_dict("records") if self.model.history is not None else []:
             if row.get("epoch", 0) > self.logged_epoch:

@@ -1,26 +1,32 @@
-"""Save the whole training state every epoch, and continue from it after a crash.
+"""The whole training state, written while ``fit`` trains and put back when it starts again.
 
-``fit(..., ckpt_path=PATH, resume=True)`` adds a :class:`TrainingState`. At the end of
-every epoch it writes, beside the best weights at ``PATH``, the file ``PATH + ".state"``
-holding everything the next epoch depends on: the net's weights, the optimizer, the lr
-scheduler, the grad scaler, the history so far, the other callbacks' own state (early
-stopping's best score and wait, the best weights) and every random number generator
-(python, numpy, torch on the CPU and each GPU, and the DataLoader's shuffle).
+One machinery, two ways to ask for it:
 
-When ``fit`` starts again with ``resume=True`` and that file exists, all of it is put
-back and training continues with the next epoch, so a run killed at any moment ends
-with the same history and the same weights as one never interrupted (exactly, on the
-CPU). With no file, the run starts fresh: keep ``resume=True`` from the first run on and
-simply run the same script or notebook cell again after a crash.
+- ``fit(..., ckpt_path=PATH, resume=True)`` adds a :class:`TrainingState` that writes
+  ``PATH + ".state"`` after every epoch;
+- :class:`~kerastorch.callbacks.BackupAndRestore` (Keras's callback) writes ``backup_dir`` after
+  every epoch or every N training batches, and removes it when fit completes.
 
-The file is written atomically (a kill leaves the previous epoch's file, never half a
-file), only by the main process, and read without running code stored in it. An epoch
-whose loss is NaN or infinite is not written, so the state stays at the last good epoch.
-A finished run keeps its state: running it again returns at once with its history and
-best weights, and a larger ``epochs`` trains on from where it ended.
-Not covered: random generators a Dataset keeps as its own attributes, and those of
-DataLoader workers kept alive across epochs (``persistent_workers=True``, warned about). Delete the file, or
-pass ``resume=False``, to train from scratch.
+The state holds everything the rest of the run depends on: the net's weights, the optimizer,
+the lr scheduler, the grad scaler, the history so far, the other callbacks' own state (early
+stopping's best score and wait, the best weights, an EMA's average ...), and, for each process,
+every random number generator (python, numpy, torch on the CPU and each GPU, the DataLoader's
+shuffle, a Dataset's own generators, the worker processes') and where the training data is.
+Saved in the middle of an epoch (every N batches, or when fit is preempted), it also holds the
+batch reached, the epoch's lr and the partial sums of its loss and metrics. Writes happen on an
+optimizer-step boundary, so an accumulation group is never cut.
+
+When ``fit`` starts and finds a state, all of it is put back and training goes on with the next
+batch, so a run killed at any moment ends with the same history and the same weights as one never
+interrupted (exactly, on the CPU). With no state, the run starts fresh: keep the same arguments
+from the first run on and simply run the same script or notebook cell again after a crash.
+
+The file is written atomically (a kill leaves the previous file, never half a file), only by the
+main process, and read without running code stored in it. A state whose loss is NaN or infinite
+is not written, so the state stays at the last good point. A state from ``k`` processes resumes
+under ``k`` processes. A finished run keeps its state (unless the callback removes it): running it
+again returns at once with its history and best weights, and a larger ``epochs`` trains on from
+where it ended. Delete the file, or pass ``resume=False``, to train from scratch.
 
 Example::
 
@@ -33,21 +39,24 @@ from __future__ import annotations
 import glob
 import math
 import os
-import warnings
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Union
 
 import torch
 
+from ..data.loaders import EpochSteps
+from ..data.resumable import resumable_inside
 from ..devices.main_process import read_on_main_process
 from ..files.state import load_state_file, save_state_file, to_plain
 from ..strategies import strategy_of, unwrap
+from ..training.position import EpochResume, RunPosition
 from ..training.rng import capture_rng_state, restore_rng_state
 from .base import ORDER_TRAINING_STATE, Callback
 from .monitor import MonitorCallback
 from .terminate_on_nan import losses_are_finite
 
 STATE_FORMAT = "kerastorch.training_state"
-STATE_VERSION = 1
+STATE_VERSION = 2
+SaveFreq = Union[str, int, bool]
 
 
 def training_state_path(ckpt_path: str | os.PathLike) -> str:
@@ -55,15 +64,30 @@ def training_state_path(ckpt_path: str | os.PathLike) -> str:
     return os.fspath(ckpt_path) + ".state"
 
 
-class TrainingState(Callback):
-    """Write the full training state to ``path`` after every epoch and restore it when training begins.
+def check_save_freq(save_freq: Any, owner: str) -> SaveFreq:
+    """``"epoch"``, a number of batches, or ``False`` (only when preempted), as Keras takes it."""
+    if save_freq == "epoch" or save_freq is False:
+        return save_freq
+    if isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1:
+        raise ValueError(
+            f"{owner}(save_freq={save_freq!r}): use 'epoch' (after every epoch), a number of training batches "
+            "such as 500 (written on the first optimizer step after every 500 batches), or False (only when fit "
+            "is preempted)."
+        )
+    return save_freq
 
-    ``callbacks`` are the other callbacks whose ``state_dict()`` is kept; ``loaders`` are the
-    data whose shuffle order is kept. ``fit(ckpt_path=..., resume=True)`` builds one, placed
-    after every callback whose state it keeps.
+
+class TrainingState(Callback):
+    """Write the whole training state to ``path`` and restore it when training begins.
+
+    ``save_freq``: ``"epoch"`` (after every epoch), a number of training batches, or ``False``
+    (only when fit is preempted). ``resume=False`` writes without restoring. ``fit`` tells it the
+    other callbacks whose state it keeps and the data whose order it keeps (:meth:`attach`):
+    ``fit(ckpt_path=..., resume=True)`` builds one, placed after every callback whose state it keeps.
     """
 
     order = ORDER_TRAINING_STATE
+    removes_when_done = False  # BackupAndRestore's delete_checkpoint
 
     def __init__(
         self,
@@ -72,73 +96,175 @@ class TrainingState(Callback):
         loaders: Iterable[Any] = (),
         resume: bool = True,
         verbose: int = 1,
+        save_freq: SaveFreq = "epoch",
     ):
         self.path = os.fspath(path)
         self.callbacks = [cb for cb in callbacks if cb is not self]
         self.loaders = list(loaders)
         self.resume = resume
         self.verbose = verbose
+        self.save_freq = check_save_freq(save_freq, type(self).__name__)
+        self.position = RunPosition()
+        self.mid_epoch = True  # fit's own training step: states inside an epoch can be written
         self.history: list[dict] = []  # the rows so far, restored ones first
         self.resumed_epoch: Optional[int] = None
+        self.finished = False  # training ran to its end (the last epoch, or stopped early)
+        self._since_save = 0
+        self._saved_at: Optional[tuple[int, int]] = None
+
+    def attach(self, callbacks: Iterable[Any], loaders: Iterable[Any], position: RunPosition, mid_epoch: bool) -> None:
+        """What ``fit`` tells it: the callbacks whose state it keeps, the loaders whose data order it
+        keeps, where the run is, and whether the training step is fit's own (a torchkeras program's
+        runner is not: its states are written after epochs only)."""
+        self.callbacks = [cb for cb in callbacks if cb is not self]
+        self.loaders = list(loaders)
+        self.position = position
+        self.mid_epoch = mid_epoch
+        if not mid_epoch and isinstance(self.save_freq, int) and self.save_freq is not False:
+            raise ValueError(
+                f"{type(self).__name__}(save_freq={self.save_freq}) writes the state inside epochs, which needs fit's own "
+                "training step; this model trains with its own StepRunner. Use save_freq='epoch'."
+            )
 
     # -- hooks -----------------------------------------------------------------------------
 
     def on_train_begin(self, logs=None):
-        self.history, self.resumed_epoch = [], None
+        self.history, self.resumed_epoch, self.finished = [], None, False
+        self._since_save, self._saved_at = 0, None
         if self.model.is_main_process:
             # A run killed in the middle of a write leaves a temporary file beside the state
             # and beside the best weights (PATH for PATH.state); the real files are whole.
             remove_stale_temporary_files(self.path)
             remove_stale_temporary_files(self.path.removesuffix(".state"))
         self.check_serializable()
-        if self.resume:
-            warn_if_workers_keep_their_rng(self.loaders)
         state = read_on_main_process(self.path, load_state_file) if self.resume else None  # rank 0's file, for all
         if state is not None:
+            state = upgraded(state, self.path)
             check_state_fits(state, self.model, self.path)
             check_same_monitors(state, self.callbacks, self.path)
             check_same_metrics(state, self.params.get("metrics"), self.path)
+            check_same_processes(state, self.model, self.path)
             self.restore(state)
-            if self.verbose:
-                self.model.print(f"Resuming after epoch {state['epoch']} from the training state in {self.path!r}.")
+            if self.verbose and self.params.get("verbose", 1):
+                self.model.print(f"Resuming {describe_position(state)} from the training state in {self.path!r}.")
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not isinstance(self.save_freq, int) or self.save_freq is False or not self.mid_epoch:
+            return
+        self._since_save += 1
+        step = self.model.fit_step
+        # On an optimizer-step boundary only (the state holds no half-accumulated gradients), and not
+        # after a batch hook asked to stop (the epoch then ends early, validated, as the saved run's did).
+        due = self._since_save >= self.save_freq and step.updates_now and not self.model.stop_training
+        if due and self.save(self.position.epoch - 1, batch + 1) is not None:
+            self._since_save = 0
 
     def on_epoch_end(self, epoch, logs=None):
         self.history.append(dict(logs))
-        if not losses_are_finite(logs):
-            return  # the state stays at the last good epoch
-        main = self.model.is_main_process
-        if main or strategy_of(self.model).gathers_together:  # gathering whole tensors may need every process
-            state = self.collect(epoch)
-            if main:
-                save_state_file(state, self.path)
+        self.finished = epoch >= self.params.get("epochs", epoch) or bool(self.model.stop_training)
+        if self.save_freq == "epoch":
+            self.save(epoch, 0)
+
+    def on_train_end(self, logs=None):
+        for loader in self.loaders[:1]:
+            follower = resumable_inside(loader)
+            if follower is not None:
+                follower.release()
+        if self.removes_when_done and self.finished and self.model.is_main_process:
+            remove_training_state(self.path)
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def save(self, epoch: int, batches: int) -> Optional[str]:
+        """Write the state after ``epoch`` finished epochs and ``batches`` batches of the next one;
+        every process calls it at the same point. Returns the path, or None when the state was not
+        written (a NaN or infinite loss: the state stays at the last good point)."""
+        if self._saved_at == (epoch, batches):
+            return self.path
+        if not self._losses_are_finite(batches):
+            return None
+        state = self.collect(epoch, batches)
+        if state is not None:
+            save_state_file(state, self.path)
+        self._saved_at = (epoch, batches)
+        return self.path
+
+    def save_for_preemption(self, epoch: int, batches: int) -> str:
+        """Write the state where a preempted run stops: ``batches`` trained of ``epoch`` (0: before it)."""
+        self.finished = False  # preempted: a backup that is removed when fit completes stays
+        return self.save(epoch - 1, batches) or self.path
+
+    def _losses_are_finite(self, batches: int) -> bool:
+        if self.history and not losses_are_finite(self.history[-1]):
+            return False
+        meters, runtime = self.position.train_meters, getattr(self.model, "runtime", None)
+        if batches and meters is not None:  # the epoch's running loss (every process's): one read, at the save only
+            loss_sum = runtime.reduce_sum(meters.loss_sum.clone()) if runtime is not None else meters.loss_sum
+            return bool(torch.isfinite(loss_sum).item())
+        return True
 
     # -- the state -------------------------------------------------------------------------
 
-    def collect(self, epoch: int) -> dict:
-        """Everything the next epoch depends on, as plain tensors and numbers."""
+    def collect(self, epoch: int, batches: int) -> Optional[dict]:
+        """Everything the rest of the run depends on, as plain tensors and numbers: every process
+        takes part (its own random state, data position and meters are gathered); the main process
+        gets the state, the others None."""
         model, optimizer = self.model, self.model.optimizer
         scheduler, scaler, strategy = model.lr_scheduler, _grad_scaler(model), strategy_of(model)
+        main = model.is_main_process
+        own = self.own_part(batches)
+        parts = gather_to_main(own, model)
+        if not (main or strategy.gathers_together):
+            return None
+        weights = strategy.whole_weights(model.net)  # gathering whole tensors may need every process
+        optimizer_state = strategy.whole_optimizer_state(optimizer)
+        if not main:
+            return None
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
             "epoch": epoch,
-            "stopped": bool(model.stop_training),
+            "batches": batches,
+            "epoch_lr": self.position.lr if batches else None,
+            "stopped": bool(model.stop_training) and not batches,
             "history": [dict(row) for row in self.history],
-            "net": strategy.whole_weights(model.net),
+            "net": weights,
             "loss_fn": loss_state(model),
             "optimizer_type": type(optimizer).__name__,
             "optimizer_param_shapes": _param_shapes(optimizer),
-            "optimizer": strategy.whole_optimizer_state(optimizer),
+            "optimizer": optimizer_state,
             "lr_scheduler_type": type(scheduler).__name__ if scheduler is not None else None,
             "lr_scheduler": scheduler.state_dict() if scheduler is not None else None,
             "grad_scaler": scaler.state_dict() if scaler is not None else None,
             "callbacks": {key: cb.state_dict() for key, cb in keyed_callbacks(self.callbacks).items()},
             "monitors": monitored_values(self.callbacks),
-            "rng": capture_rng_state(self.loaders),
+            "processes": parts,
         }
 
+    def own_part(self, batches: int) -> dict:
+        """This process's part: its random state, where its training data is, its epoch's partial sums."""
+        meters = self.position.train_meters if batches else None
+        data = self.data_position(in_epoch=batches > 0)
+        part = {"rng": capture_rng_state(self.loaders), "data": data, "meters": None}
+        if meters is None:
+            return to_plain(part)
+        try:
+            return to_plain({**part, "meters": meters.state_dict()})
+        except TypeError:  # outputs waiting for the metrics that a state cannot hold: hand them over first
+            meters.flush()
+            return to_plain({**part, "meters": meters.state_dict()})
+
+    def data_position(self, in_epoch: bool) -> dict:
+        """Where this process's training data is (see :mod:`~kerastorch.data.resumable`)."""
+        loader = self.loaders[0] if self.loaders else None
+        follower = resumable_inside(loader)
+        if follower is None:
+            return {"pass": None, "workers": {}}
+        return follower.position(in_use=in_epoch or isinstance(loader, EpochSteps))
+
     def restore(self, state: dict) -> None:
-        """Put a checked state back: weights, optimizer, scheduler, scaler, callbacks, history, RNG."""
+        """Put a checked state back: weights, optimizer, scheduler, scaler, callbacks, history, and
+        this process's random state, data position and epoch in progress."""
         model, strategy = self.model, strategy_of(self.model)
         strategy.load_whole_weights(model.net, state["net"])
         load_loss_state(model, state.get("loss_fn"))
@@ -155,8 +281,21 @@ class TrainingState(Callback):
         self.history = [dict(row) for row in state["history"]]
         self.resumed_epoch = int(state["epoch"])
         model.stop_training = bool(state.get("stopped", False))
-        # Last, so nothing above draws from the generators the next epoch starts from.
-        restore_rng_state(state["rng"], self.loaders)
+        epochs = self.params.get("epochs")
+        self.finished = model.stop_training or (epochs is not None and self.resumed_epoch >= epochs)
+        own = state["processes"][process_index(model) % len(state["processes"])]
+        batches = int(state.get("batches", 0))
+        if batches:
+            self.position.resume = EpochResume(self.resumed_epoch + 1, batches, state["epoch_lr"], own["meters"])
+        loader = self.loaders[0] if self.loaders else None
+        if batches and isinstance(loader, EpochSteps):
+            loader.continue_epoch_at(batches)
+        follower = resumable_inside(loader)
+        if follower is not None:
+            follower.continue_from(own["data"], own["rng"], self.loaders)
+        self._saved_at = (self.resumed_epoch, batches)
+        # Last, so nothing above draws from the generators the rest of the run starts from.
+        restore_rng_state(own["rng"], self.loaders)
 
     def check_serializable(self) -> None:
         """Raise before training if some part of the state could not be written safely."""
@@ -167,6 +306,47 @@ class TrainingState(Callback):
         )
         for key, cb in keyed_callbacks(self.callbacks).items():
             to_plain(cb.state_dict(), f"the {key} callback's state_dict()")
+
+
+def process_index(model: Any) -> int:
+    """This process's rank among the run's processes (0 alone)."""
+    runtime = getattr(model, "runtime", None)
+    if runtime is None or runtime.num_processes == 1:
+        return 0
+    return torch.distributed.get_rank()
+
+
+def gather_to_main(part: dict, model: Any) -> list[dict]:
+    """Every process's ``part``, in rank order, on the main process (a collective; others get [])."""
+    runtime = getattr(model, "runtime", None)
+    if runtime is None or runtime.num_processes == 1:
+        return [part]
+    gathered: Optional[list] = [None] * runtime.num_processes if runtime.is_main_process else None
+    torch.distributed.gather_object(part, gathered, dst=0)
+    return gathered or []
+
+
+def upgraded(state: dict, path: str) -> dict:
+    """A state written by version 1 (one random state for every process, epochs only) read as version 2."""
+    if state.get("format") == STATE_FORMAT and state.get("version") == 1 and "rng" in state:
+        state = dict(state, version=STATE_VERSION, batches=0, epoch_lr=None)
+        state["processes"] = [{"rng": state.pop("rng"), "data": {"pass": None, "workers": {}}, "meters": None}]
+        state["any_processes"] = True  # version 1 restored its one random state into every process
+    return state
+
+
+def describe_position(state: dict) -> str:
+    """``after epoch 3`` or ``in epoch 4 after batch 17``: where a saved run stopped."""
+    if state.get("batches"):
+        return f"in epoch {state['epoch'] + 1} after batch {state['batches']}"
+    return f"after epoch {state['epoch']}"
+
+
+def remove_training_state(path: str) -> None:
+    """Remove a training state file and the temporary files beside it; its folder too if it is then empty."""
+    remove_stale_temporary_files(path)
+    if os.path.isfile(path):
+        os.remove(path)
 
 
 def keyed_callbacks(callbacks: Iterable[Any]) -> dict[str, Any]:
@@ -185,7 +365,7 @@ def keyed_callbacks(callbacks: Iterable[Any]) -> dict[str, Any]:
 def check_state_fits(state: dict, model: Any, path: str) -> None:
     """Refuse, before anything is loaded, a state saved from another net, optimizer or scheduler."""
     fresh = f"Resume with the same net, optimizer and lr_scheduler, or delete {path!r} (or pass resume=False) to start fresh."
-    required = ("epoch", "history", "net", "optimizer_type", "optimizer_param_shapes", "optimizer", "rng")
+    required = ("epoch", "history", "net", "optimizer_type", "optimizer_param_shapes", "optimizer", "processes")
     if (
         state.get("format") != STATE_FORMAT
         or state.get("version") != STATE_VERSION
@@ -229,11 +409,27 @@ def check_state_fits(state: dict, model: Any, path: str) -> None:
             f"The training state in {path!r} was saved with lr_scheduler={state.get('lr_scheduler_type')}, "
             f"but this model has lr_scheduler={scheduler_type}. " + fresh
         )
-    history = state.get("history")
-    if not isinstance(history, list) or len(history) < 1 or history[-1].get("epoch") != state.get("epoch"):
+    history, epoch = state.get("history"), state.get("epoch")
+    ends_at_its_epoch = isinstance(history, list) and (
+        history[-1].get("epoch") == epoch if history else state.get("batches", 0) > 0  # inside the first epoch
+    )
+    if not ends_at_its_epoch or not isinstance(state.get("processes"), list) or not state["processes"]:
         raise ValueError(
             f"The training state in {path!r} is inconsistent (its history does not end at its epoch). "
             "Delete it to start fresh, or pass resume=False."
+        )
+
+
+def check_same_processes(state: dict, model: Any, path: str) -> None:
+    """A state holds each process's random state and data position: it resumes under as many processes."""
+    saved = len(state["processes"])
+    runtime = getattr(model, "runtime", None)
+    current = runtime.num_processes if runtime is not None else 1
+    if saved != current and not state.get("any_processes"):
+        raise ValueError(
+            f"The training state in {path!r} was saved by {saved} process(es), and this run has {current}: each "
+            f"process's random state and place in the data are part of it. Resume with devices={saved} (or the "
+            "same launcher command), or delete it (or pass resume=False) to start fresh."
         )
 
 
@@ -249,20 +445,6 @@ def check_same_metrics(state: dict, names: Optional[list], path: str) -> None:
             f"has {sorted(m[6:] for m in current)}: the history would mix columns. Resume with the same metrics_dict, "
             "or delete the state file (or pass resume=False) to start fresh."
         )
-
-
-def warn_if_workers_keep_their_rng(loaders: Iterable[Any]) -> None:
-    """DataLoader workers that outlive an epoch keep random states this file does not hold."""
-    for loader in loaders:
-        if getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0) > 0:
-            warnings.warn(
-                "resume=True with DataLoader(persistent_workers=True): the worker processes keep their own random "
-                "state across epochs, which the training state cannot save, so random augmentations in a resumed "
-                "run differ from the uninterrupted one. Use persistent_workers=False for a bit-exact resume.",
-                UserWarning,
-                stacklevel=3,
-            )
-            return
 
 
 def monitored_values(callbacks: Iterable[Any]) -> dict[str, list]:
@@ -292,6 +474,11 @@ def resumed_history(callbacks: Iterable[Any]) -> list[dict]:
         if isinstance(cb, TrainingState) and cb.resumed_epoch is not None:
             return [dict(row) for row in cb.history]
     return []
+
+
+def training_states_in(callbacks: Iterable[Any]) -> list[TrainingState]:
+    """The training states among ``callbacks`` (``fit(resume=True)``'s, a BackupAndRestore)."""
+    return [cb for cb in callbacks if isinstance(cb, TrainingState)]
 
 
 def remove_stale_temporary_files(path: str) -> None:
@@ -342,4 +529,4 @@ def _describe_groups(groups: list) -> str:
     return " + ".join(f"{len(g)} tensors ({sum(math.prod(s) for s in g)} numbers)" for g in groups) or "no parameters"
 
 
-__all__ = ["TrainingState", "resumed_history", "training_state_path"]
+__all__ = ["TrainingState", "check_save_freq", "resumed_history", "training_state_path", "training_states_in"]

@@ -13,6 +13,7 @@ from ..settings import DEFAULT_BATCH_SIZE, DataSettings
 from .arrays import ArrayDataset
 from .batches import LABEL_KEYS, unpack
 from .peek import num_batches, rng_untouched
+from .resumable import resumable
 from .sample_weights import ClassWeighted
 
 
@@ -34,15 +35,27 @@ def loader_for(dataset: Dataset, batch_size: Optional[int], shuffle: bool, pin_m
 
 class EpochSteps:
     """``steps_per_epoch`` batches per epoch from one iterator that the next epoch continues,
-    as Keras does; a finite loader that runs out starts a new pass."""
+    as Keras does; a finite loader that runs out starts a new pass.
+
+    Where that iterator is inside its pass is part of a training state (the loader it reads is a
+    :class:`~kerastorch.data.resumable.ResumableLoader` then): a resumed run goes on with the same
+    pass, and :meth:`continue_epoch_at` makes its first epoch hand out only the batches left."""
 
     def __init__(self, loader: Any, steps: int):
         self.loader = loader  # named so that rng.py finds the data order inside
         self.steps = steps
         self._iterator: Optional[Iterator] = None
+        self._first_step = 0
+
+    def continue_epoch_at(self, step: int) -> None:
+        """The next epoch is one a saved run left after ``step`` batches: hand out the rest."""
+        self._first_step = step
 
     def __iter__(self) -> Iterator:
-        for _ in range(self.steps):
+        first, self._first_step = self._first_step, 0
+        if first and self._iterator is None:  # resumed: the saved run's pass is rebuilt now, at the epoch's start
+            self._iterator = iter(self.loader)
+        for _ in range(first, self.steps):
             if self._iterator is None:
                 self._iterator = iter(self.loader)
             try:
@@ -93,8 +106,13 @@ def training_labels(loader: Any) -> torch.Tensor:
     return torch.cat(found) if found else torch.zeros(0, dtype=torch.long)
 
 
-def per_process_training_data(loader: Any, settings: DataSettings, class_weights: Optional[torch.Tensor]) -> Any:
-    """What wraps this process's share of the training loader: class weights, then steps per epoch."""
+def per_process_training_data(
+    loader: Any, settings: DataSettings, class_weights: Optional[torch.Tensor], followed: bool = False
+) -> Any:
+    """What wraps this process's share of the training loader: followed batch by batch when a
+    training state is kept (see :mod:`~kerastorch.data.resumable`), class weights, then steps per epoch."""
+    if followed:
+        loader = resumable(loader)
     if class_weights is not None:
         loader = ClassWeighted(loader, class_weights)
     if settings.steps_per_epoch is not None:

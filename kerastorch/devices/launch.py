@@ -21,6 +21,7 @@ import logging
 import multiprocessing
 import os
 import pickle
+import random
 import signal
 import socket
 import sys
@@ -118,7 +119,10 @@ def run_in_workers(plan: Plan, work: Callable[[], Any]) -> Any:
                 # accelerate's "Launching training on 2 CUDAs." says CUDA even on a CPU; the workers say where they run.
                 stack.enter_context(contextlib.redirect_stdout(_WithoutLaunchLine(sys.stdout)))
                 notebook_launcher(
-                    run_one_process, args=(work, folder), num_processes=num_processes, use_port=str(free_port())
+                    run_one_process,
+                    args=(work, folder, random.getstate()),
+                    num_processes=num_processes,
+                    use_port=str(free_port()),
                 )
         except Exception as launch_error:
             failure = worker_failure(folder, launch_error, num_processes)
@@ -193,9 +197,11 @@ def _logger_quiet(name: str):
         logger.setLevel(level)
 
 
-def run_one_process(work: Callable[[], Any], folder: str) -> None:
+def run_one_process(work: Callable[[], Any], folder: str, python_random: Any = None) -> None:
     """What each forked process runs: the work, as one rank; the main one writes what it returned."""
     rank = int(os.environ.get("RANK", "0"))
+    if python_random is not None:  # python reseeds `random` in a forked child; keep the caller's (seed_everything's)
+        random.setstate(python_random)
     # accelerate gives each CPU process its share of the cores and says so; that is the plan, not news.
     warnings.filterwarnings("ignore", message="OMP_NUM_THREADS/MKL_NUM_THREADS unset")
     try:
@@ -225,6 +231,9 @@ def record_failure(folder: str, rank: int, error: BaseException) -> None:
 
 def worker_failure(folder: str, launch_error: Exception, num_processes: int) -> BaseException:
     """The caller's exception for a failed launch: the first worker's own error, with its traceback as cause."""
+    preempted = preempted_worker(folder)
+    if preempted is not None:  # the workers stopped as preempted (their state written): say so, as one process would
+        return preempted
     if isinstance(launch_error, SignalException):  # Ctrl-C (or a kill) reached this process: workers were stopped
         stopped = (
             f"Training in {num_processes} processes was stopped by {launch_error.sigval.name}; the processes "
@@ -253,6 +262,18 @@ def worker_failure(folder: str, launch_error: Exception, num_processes: int) -> 
         )
     error.__cause__ = cause
     return error
+
+
+def preempted_worker(folder: str) -> BaseException | None:
+    """The ``kerastorch.Preempted`` a worker ended with, or None (known by name: launching needs nothing of training)."""
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("failure-rank"):
+            with open(os.path.join(folder, name), "rb") as f:
+                record = pickle.load(f)
+            error = pickle.loads(record["error"]) if record["error"] is not None else None
+            if type(error).__name__ == "Preempted":
+                return error
+    return None
 
 
 def _is_cuda_fork_error(text: str) -> bool:

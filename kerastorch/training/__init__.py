@@ -7,5 +7,6 @@ processes by :mod:`~kerastorch.training.metric_sync`), the history's frame
 (:mod:`~kerastorch.training.history`), ``evaluate`` and ``predict``
 (:mod:`~kerastorch.training.evaluation`), the net's train/eval mode (:mod:`~kerastorch.training.modes`),
 ``torch.compile`` for a run (:mod:`~kerastorch.training.compiling`), every random generator
-(:mod:`~kerastorch.training.rng`), the model's parts (:mod:`~kerastorch.training.parts`) and what the
+(:mod:`~kerastorch.training.rng`), where a run is inside an epoch (:mod:`~kerastorch.training.position`),
+SIGTERM and SIGUSR1 turned into a clean stop (:mod:`~kerastorch.training.preemption`), the model's parts (:mod:`~kerastorch.training.parts`) and what the
 loop needs of a model (:mod:`~kerastorch.training.protocols`)."""

@@ -18,6 +18,8 @@ from ..data.peek import num_batches
 from ..devices.runtime import Runtime
 from .meters import EpochMeters, StepLogs
 from .modes import eval_mode
+from .position import RunPosition
+from .preemption import Preemption
 from .protocols import Epochs, TrainableModel
 from .schedulers import after_epoch
 from .step import FitStep
@@ -34,6 +36,8 @@ def fit_loop(
     history: list[dict],
     first_epoch: int = 1,
     validation_freq: int = 1,
+    position: Optional[RunPosition] = None,
+    preemption: Optional[Preemption] = None,
 ) -> None:
     """Run epochs ``first_epoch..epochs``, appending one row per epoch to ``history``.
 
@@ -41,10 +45,13 @@ def fit_loop(
     program's StepRunner (:class:`~kerastorch.compat.runners.RunnerEpochs`).
     Validation runs every ``validation_freq`` epochs (Keras's rule: epochs n, 2n, ...); the
     logs of the other epochs have no ``val_*`` values, so the callbacks that watch one skip them.
+    ``position`` says which epoch runs (and, resumed, where it goes on); ``preemption`` stops the
+    run at the end of an epoch during which a preemption signal came between batches.
     """
+    position = position if position is not None else RunPosition()
     for epoch in range(first_epoch, epochs + 1):
         callbacks.call("on_epoch_begin", epoch, {})
-        lr = current_lr(model.optimizer)
+        lr = position.begin_epoch(epoch, current_lr(model.optimizer))
         train_logs = stages.train(train_loader)
         validate = val_loader is not None and epoch % validation_freq == 0
         val_logs = stages.validate(val_loader) if validate else {}
@@ -54,6 +61,8 @@ def fit_loop(
         runtime.wait_for_everyone()  # with several processes, files are written after a barrier
         callbacks.call("on_epoch_end", epoch, logs)
         model.stop_training = runtime.any_process(model.stop_training)  # all processes stop together
+        if preemption is not None and preemption.requested_anywhere():
+            preemption.stop(epoch + 1, batches=0)
         if model.stop_training:
             break
 
@@ -69,11 +78,23 @@ class FitEpochs:
         callbacks: CallbackList,
         meters: dict[str, EpochMeters],
         steps: FitStep,
+        position: Optional[RunPosition] = None,
+        preemption: Optional[Preemption] = None,
     ):
         self.model, self.runtime, self.callbacks, self.meters, self.steps = model, runtime, callbacks, meters, steps
+        self.position, self.preemption = position, preemption
 
     def train(self, loader: Any) -> dict[str, float]:
-        return train_epoch(self.model, loader, self.runtime, self.meters["train"], self.callbacks, self.steps)
+        return train_epoch(
+            self.model,
+            loader,
+            self.runtime,
+            self.meters["train"],
+            self.callbacks,
+            self.steps,
+            self.position,
+            self.preemption,
+        )
 
     def validate(self, loader: Any) -> dict[str, float]:
         return evaluate_epoch(self.model, loader, self.runtime, self.meters["val"], self.callbacks)
@@ -90,13 +111,20 @@ def train_epoch(
     meters: EpochMeters,
     callbacks: CallbackList,
     steps: FitStep,
+    position: Optional[RunPosition] = None,
+    preemption: Optional[Preemption] = None,
 ) -> dict[str, float]:
+    """One epoch's training batches. ``position``: a resumed epoch starts at its first batch not yet
+    trained (the loader hands out the rest); ``preemption``: after a preemption signal, the epoch
+    stops at the next optimizer-step boundary (see :mod:`~kerastorch.training.preemption`)."""
     model.net.train()
     meters.reset()
     on_begin, on_end = callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end")
     steps.start_epoch(num_batches(loader))
     weighted = bool(meters.weighted)  # weighted_metrics read each batch's sample weights
-    for batch_index, batch in enumerate(loader):
+    first_batch = position.continue_epoch(meters) if position is not None else 0
+    watch: Any = preemption if preemption is not None else _NO_PREEMPTION
+    for batch_index, batch in enumerate(loader, start=first_batch):
         if on_begin:
             callbacks.call("on_train_batch_begin", batch_index, {})
         batch = runtime.to_device(batch)
@@ -111,6 +139,8 @@ def train_epoch(
             callbacks.call("on_train_batch_end", batch_index, StepLogs(meters))
         if model.stop_training:  # set by a batch hook: stop after this batch, as Keras does
             break
+        if watch.requested and steps.updates_now:  # a Python flag: no device sync
+            watch.stop(position.epoch if position is not None else 0, batches=batch_index + 1)
     steps.end_epoch()
     if meters.count == 0:
         raise ValueError(
@@ -169,6 +199,13 @@ def predict_outputs(
     if not outputs:
         raise ValueError("predict got no batches: the data is empty.")
     return concatenate_batches(outputs)
+
+
+class _NoPreemption:
+    requested = False
+
+
+_NO_PREEMPTION = _NoPreemption()
 
 
 def current_lr(optimizer: torch.optim.Optimizer) -> float:

@@ -125,6 +125,34 @@ class _StatefulMeter:
         self.metric.reset()
         self.seen = False
 
+    def state_dict(self) -> dict:
+        """The metric's states so far: its parameters and buffers, and every attribute that holds a
+        tensor, a list of tensors or a number (a torchmetrics Metric's states are such attributes)."""
+        metric = self.metric
+        return {
+            "module": metric.state_dict() if isinstance(metric, torch.nn.Module) else {},
+            "attributes": {name: value for name, value in vars(metric).items() if _is_state_value(value)},
+            "seen": self.seen,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        metric = self.metric
+        if isinstance(metric, torch.nn.Module) and state["module"]:
+            metric.load_state_dict(state["module"])
+        for name, value in state["attributes"].items():
+            if isinstance(value, torch.Tensor):
+                value = value.to(self.device)
+            elif isinstance(value, list):
+                value = [v.to(self.device) for v in value]
+            setattr(metric, name, value)
+        self.seen = state["seen"]
+
+
+def _is_state_value(value: Any) -> bool:
+    if isinstance(value, list):
+        return all(isinstance(v, torch.Tensor) for v in value)
+    return isinstance(value, (torch.Tensor, bool, int, float)) or value is None
+
 
 class _FunctionMeter:
     """A plain ``f(preds, labels) -> tensor``, averaged over samples."""
@@ -151,6 +179,13 @@ class _FunctionMeter:
         self.total.zero_()
         self.count = 0
         self.seen = False
+
+    def state_dict(self) -> dict:
+        return {"total": self.total.clone(), "count": self.count, "seen": self.seen}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.total.copy_(state["total"])
+        self.count, self.seen = state["count"], state["seen"]
 
 
 class _WeightedMeter(_FunctionMeter):
@@ -184,6 +219,13 @@ class _WeightedMeter(_FunctionMeter):
     def reset(self) -> None:
         super().reset()
         self.weight_total.zero_()
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "weight_total": self.weight_total.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.weight_total.copy_(state["weight_total"])
 
 
 class EpochMeters:
@@ -281,6 +323,45 @@ class EpochMeters:
         for meter in self.meters.values():
             meter.update(preds, labels, n)
 
+    def state_dict(self) -> dict:
+        """This process's partial sums of the epoch so far, for a training state saved mid-epoch: a
+        resumed run adds the rest of the epoch to them and reads the same epoch values. The batches
+        waiting for the metrics are kept as they are (flushing them early could change a float sum's
+        last bit)."""
+        return {
+            "loss_sum": self.loss_sum.clone(),
+            "value_sums": {name: total.clone() for name, total in self.value_sums.items()},
+            "count": self.count,
+            "pending": list(self._pending),
+            "meters": {name: meter.state_dict() for name, meter in self.meters.items()},
+            "weighted": {name: meter.state_dict() for name, meter in self.weighted.items()},
+        }
+
+    def flush(self) -> None:
+        """Hand the waiting batches to the metrics now (before a state that could not hold them is saved)."""
+        self._flush()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take back what :meth:`state_dict` returned (the same metrics, on this run's device)."""
+        if set(state["meters"]) != set(self.meters) or set(state["weighted"]) != set(self.weighted):
+            raise ValueError(
+                f"The saved epoch's metrics are {sorted(state['meters'])}, this run's are {sorted(self.meters)}."
+            )
+        saved_values = state.get("value_sums", {})  # absent from a state written before named values
+        if set(saved_values) != set(self.value_sums):
+            raise ValueError(
+                f"The saved epoch's train_step values are {sorted(saved_values)}, this run's are {sorted(self.value_sums)}."
+            )
+        self.loss_sum.copy_(state["loss_sum"])
+        for name, total in self.value_sums.items():
+            total.copy_(saved_values[name])
+        self.count = state["count"]
+        self._pending = [
+            (_to(preds, self.device), _to(labels, self.device), n) for preds, labels, n in state["pending"]
+        ]
+        for name, meter in (*self.meters.items(), *self.weighted.items()):
+            meter.load_state_dict({**state["meters"], **state["weighted"]}[name])
+
     def read(self, synced: bool = True) -> dict[str, float]:
         """The epoch's values so far, as floats: one device-to-host copy.
 
@@ -318,6 +399,16 @@ def _stateful_value(meter: _StatefulMeter, name: str, synced: bool = False) -> t
     if not meter.seen and not synced:  # a synced read is a collective: every process takes part
         return torch.tensor(math.nan)
     return scalar_metric_value(meter.value(synced), name)
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    return value
 
 
 def metric_friendly(preds: Any) -> Any:

@@ -3,7 +3,14 @@
 A resumed run repeats the uninterrupted one only if its next epoch draws the same
 random numbers: dropout masks (torch's generator on each device), the shuffle of the
 data (the DataLoader's own ``generator`` if it has one, torch's global generator if
-not), and whatever the user's code draws from python's ``random`` or numpy.
+not), whatever the user's code draws from python's ``random`` or numpy, and the
+generators a Dataset keeps as its own attributes (``self.rng = np.random.default_rng(0)``,
+a ``random.Random``, a ``torch.Generator``, also inside its transforms and in the
+datasets a ``Subset`` or ``ConcatDataset`` wraps).
+
+A DataLoader worker process draws from its own copies of python's, numpy's and torch's
+generators and of the Dataset's: :func:`worker_rng_state` captures them inside a worker
+and :func:`restore_worker_rng_state` puts them back into one.
 
 The captured state holds only tensors, numbers and tuples, so it can be stored in a
 file that loads with ``torch.load(weights_only=True)``.
@@ -18,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import random
+import types
 import warnings
 from typing import Any, Iterable
 
@@ -88,23 +96,87 @@ def _set_counter(loader: Any, dotted: str, value: int) -> bool:
     return True
 
 
+# Random generators a Dataset (or an object it holds, such as a transform) may keep as attributes.
+_GENERATORS = (np.random.Generator, np.random.RandomState, random.Random, torch.Generator)
+# How deep the search for them goes, and the longest list or dict it looks into (not the samples).
+_SEARCH_DEPTH, _SEARCH_WIDTH = 4, 16
+
+
+def data_generators(loader: Any) -> list[Any]:
+    """The random generators the loader's Dataset and samplers keep as attributes, in a fixed order:
+    the Dataset's own, its transforms', those of the datasets it wraps (``Subset``,
+    ``ConcatDataset``) and a custom sampler's (the shuffle generators of
+    :func:`data_order_generators` aside).
+
+    Their states are part of :func:`capture_rng_state`, so that a Dataset drawing from
+    ``self.rng`` repeats its draws in a resumed run as it does from the global generators.
+    """
+    found: list[Any] = []
+    seen: set[int] = {id(g) for g in data_order_generators(loader)}
+
+    def walk(obj: Any, depth_left: int) -> None:
+        if id(obj) in seen or obj is None or isinstance(obj, (int, float, str, bytes, torch.Tensor, np.ndarray)):
+            return
+        seen.add(id(obj))
+        if isinstance(obj, _GENERATORS):
+            found.append(obj)
+            return
+        if not depth_left or isinstance(obj, (type, types.ModuleType, types.FunctionType, types.MethodType)):
+            return
+        if isinstance(obj, (list, tuple)):
+            children = list(obj) if len(obj) <= _SEARCH_WIDTH else []
+        elif isinstance(obj, dict):
+            children = list(obj.values()) if len(obj) <= _SEARCH_WIDTH else []
+        else:
+            children = list(getattr(obj, "__dict__", {}).values())
+        for child in children:
+            walk(child, depth_left - 1)
+
+    holders = _order_holders(loader)
+    for holder in holders.values():
+        walk(getattr(holder, "dataset", None), _SEARCH_DEPTH)
+    for path, holder in holders.items():
+        if path.endswith("sampler"):
+            walk(holder, _SEARCH_DEPTH)
+    return found
+
+
+def generator_state(generator: Any) -> Any:
+    """One generator's state as plain values (tensors, numbers, dicts) that a training state can hold."""
+    if isinstance(generator, torch.Generator):
+        return generator.get_state()
+    if isinstance(generator, random.Random):
+        return generator.getstate()
+    if isinstance(generator, np.random.RandomState):
+        return _plain_arrays(generator.get_state(legacy=False))
+    return _plain_arrays(generator.bit_generator.state)
+
+
+def set_generator_state(generator: Any, state: Any) -> None:
+    """Put back what :func:`generator_state` returned."""
+    if isinstance(generator, torch.Generator):
+        generator.set_state(state)
+    elif isinstance(generator, random.Random):
+        generator.setstate(_as_tuples(state))
+    elif isinstance(generator, np.random.RandomState):
+        generator.set_state(_numpy_arrays(state))
+    else:
+        generator.bit_generator.state = _numpy_arrays(state)
+
+
 def capture_rng_state(loaders: Iterable[Any] = ()) -> dict:
-    """The state of python's, numpy's and torch's generators (CPU, CUDA, MPS) and of the
-    loaders' own shuffle generators."""
-    _, key, pos, has_gauss, gauss = np.random.get_state()
+    """The state of python's, numpy's and torch's generators (CPU, CUDA, MPS), of the
+    loaders' own shuffle generators and of the generators their Datasets keep."""
+    loaders = list(loaders)
     state = {
         "python": random.getstate(),
-        "numpy": {
-            "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "gauss": float(gauss),
-        },
+        "numpy": _numpy_global_state(),
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "mps": torch.mps.get_rng_state() if mps_available() else None,
         "data_order": [[g.get_state() for g in data_order_generators(loader)] for loader in loaders],
         "data_counters": [data_order_counters(loader) for loader in loaders],
+        "data_generators": [[generator_state(g) for g in data_generators(loader)] for loader in loaders],
     }
     return state
 
@@ -112,16 +184,7 @@ def capture_rng_state(loaders: Iterable[Any] = ()) -> dict:
 def restore_rng_state(state: dict, loaders: Iterable[Any] = ()) -> None:
     """Put back what :func:`capture_rng_state` returned, for the same loaders."""
     random.setstate(_as_tuples(state["python"]))
-    numpy_state = state["numpy"]
-    np.random.set_state(
-        (
-            "MT19937",
-            numpy_state["key"].numpy().astype(np.uint32),
-            numpy_state["pos"],
-            numpy_state["has_gauss"],
-            numpy_state["gauss"],
-        )
-    )
+    _set_numpy_global_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     cuda_states = state.get("cuda") or []
     if cuda_states:
@@ -152,8 +215,93 @@ def restore_rng_state(state: dict, loaders: Iterable[Any] = ()) -> None:
                 stacklevel=2,
             )
             continue
-        for generator, generator_state in zip(generators, saved):
-            generator.set_state(generator_state)
+        for generator, saved_state in zip(generators, saved):
+            generator.set_state(saved_state)
+    for loader, saved in zip(loaders, state.get("data_generators", [])):
+        _restore_data_generators(loader, saved)
+
+
+def worker_rng_state(dataset: Any) -> dict:
+    """Inside a DataLoader worker: the state of its python, numpy and torch generators and of its
+    copy of the Dataset's own generators. Sent with every batch, so held as bytes: a tensor would
+    travel through shared memory."""
+    version, words, gauss = random.getstate()
+    _, key, pos, has_gauss, numpy_gauss = np.random.get_state()  # the legacy tuple form
+    return {
+        "python": (version, np.asarray(words, dtype=np.uint32).tobytes(), gauss),
+        "numpy": (np.asarray(key, dtype=np.uint32).tobytes(), int(pos), int(has_gauss), float(numpy_gauss)),
+        "torch": torch.get_rng_state().numpy().tobytes(),
+        "dataset": [generator_state(g) for g in data_generators(_DatasetHolder(dataset))],
+    }
+
+
+def restore_worker_rng_state(state: dict, dataset: Any) -> None:
+    """Inside a DataLoader worker: put back what :func:`worker_rng_state` returned."""
+    version, words, gauss = state["python"]
+    random.setstate((version, tuple(int(w) for w in np.frombuffer(words, dtype=np.uint32)), gauss))
+    key, pos, has_gauss, numpy_gauss = state["numpy"]
+    np.random.set_state(("MT19937", np.frombuffer(key, dtype=np.uint32).copy(), pos, has_gauss, numpy_gauss))
+    torch.set_rng_state(torch.frombuffer(bytearray(state["torch"]), dtype=torch.uint8))
+    _restore_data_generators(_DatasetHolder(dataset), state["dataset"])
+
+
+class _DatasetHolder:
+    """A dataset seen as a loader's is, so that :func:`data_generators` finds the same generators."""
+
+    def __init__(self, dataset: Any):
+        self.dataset = dataset
+
+
+def _restore_data_generators(loader: Any, saved: list) -> None:
+    generators = data_generators(loader)
+    if len(generators) != len(saved):
+        warnings.warn(
+            f"The data keeps {len(generators)} random generator(s) of its own (in its Dataset or sampler) where "
+            f"the saved run's kept {len(saved)}; they are not restored, so its random draws may differ from the "
+            "saved run's.",
+            stacklevel=3,
+        )
+        return
+    for generator, generator_saved in zip(generators, saved):
+        set_generator_state(generator, generator_saved)
+
+
+def _numpy_global_state() -> dict:
+    _, key, pos, has_gauss, gauss = np.random.get_state()
+    return {
+        "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "gauss": float(gauss),
+    }
+
+
+def _set_numpy_global_state(state: dict) -> None:
+    np.random.set_state(
+        ("MT19937", state["key"].numpy().astype(np.uint32), state["pos"], state["has_gauss"], state["gauss"])
+    )
+
+
+def _plain_arrays(obj: Any) -> Any:
+    # numpy's generator states hold arrays (MT19937's key, Philox's counter): stored as bytes in a
+    # tensor, with their dtype and shape, so that a state file holds only plain values.
+    if isinstance(obj, np.ndarray):
+        return {
+            "ndarray": torch.frombuffer(bytearray(obj.tobytes()), dtype=torch.uint8),
+            "dtype": obj.dtype.str,
+            "shape": list(obj.shape),
+        }
+    if isinstance(obj, dict):
+        return {key: _plain_arrays(value) for key, value in obj.items()}
+    return obj
+
+
+def _numpy_arrays(obj: Any) -> Any:
+    if isinstance(obj, dict) and set(obj) == {"ndarray", "dtype", "shape"}:
+        return np.frombuffer(obj["ndarray"].numpy().tobytes(), dtype=np.dtype(obj["dtype"])).reshape(obj["shape"])
+    if isinstance(obj, dict):
+        return {key: _numpy_arrays(value) for key, value in obj.items()}
+    return obj
 
 
 def _as_tuples(obj: Any) -> Any:
@@ -163,4 +311,12 @@ def _as_tuples(obj: Any) -> Any:
     return obj
 
 
-__all__ = ["capture_rng_state", "data_order_counters", "data_order_generators", "restore_rng_state"]
+__all__ = [
+    "capture_rng_state",
+    "data_order_counters",
+    "data_order_generators",
+    "data_generators",
+    "restore_rng_state",
+    "restore_worker_rng_state",
+    "worker_rng_state",
+]

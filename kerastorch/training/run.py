@@ -31,7 +31,7 @@ from ..callbacks.live_plot import LivePlot
 from ..callbacks.progress import ProgressBar
 from ..callbacks.ray_report import ray_train_report
 from ..callbacks.terminate_on_nan import TerminateOnNaN
-from ..callbacks.training_state import TrainingState, resumed_history, training_state_path
+from ..callbacks.training_state import TrainingState, resumed_history, training_state_path, training_states_in
 from ..callbacks.wandb_logger import WandbLogger
 from ..checks.first_batch import StepOutline, check_first_batch, check_own_step, monitor_for_columns
 from ..checks.model import check_model_for_fit
@@ -52,6 +52,8 @@ from .history import history_frame
 from .loop import FitEpochs, fit_loop
 from .meters import EpochMeters
 from .parts import ModelParts
+from .position import RunPosition
+from .preemption import Preempted, Preemption, preemption_for, signals_passed_to_workers
 from .protocols import Epochs, TrainableModel
 from .schedulers import try_scheduler
 from .step import FitStep, run_once
@@ -86,7 +88,8 @@ def fit(model: TrainableModel, data: FitData, settings: FitSettings, lr_schedule
             work = functools.partial(
                 _fit_as_worker, model, train_data, val_data, settings, plan.for_worker(), class_weights
             )
-            return take_results(model, run_in_workers(plan, work))
+            with signals_passed_to_workers():
+                return take_results(model, run_in_workers(plan, work))
         return fit_here(model, train_data, val_data, settings, plan, class_weights)
 
 
@@ -175,23 +178,38 @@ def fit_here(
         # A program's runner gathers over the processes at every batch: they must all run as many.
         sharing = runtime.strategy.training(model, runtime, train_data, val_data, even_validation=runners is not None)
         with sharing as (train_loader, val_loader), compiled_net(model, settings.devices.compile):
-            train_loader = per_process_training_data(train_loader, settings.data, class_weights)
+            train_loader = per_process_training_data(
+                train_loader, settings.data, class_weights, followed=keeps_training_state(settings)
+            )
             val_loader = per_process_validation_data(val_loader, settings.data)
             if not runtime.is_main_process:  # one process prints, draws and logs
                 settings = dataclasses.replace(settings, output=settings.output.silenced())
-            callbacks = callbacks_for_fit(model, settings, train_loader, val_loader, columns)
+            meters = epoch_meters(model, runtime, settings, outline) if runners is None else {}
+            position, preemption = RunPosition(meters.get("train")), preemption_for(runtime)
+            callbacks = callbacks_for_fit(
+                model, settings, train_loader, val_loader, columns, position, preemption, mid_epoch=runners is None
+            )
             steps = FitStep(model, runtime, settings.step, callbacks, checks_ride_on_first_step)
             stages: Epochs
             if runners is None:
-                meters = epoch_meters(model, runtime, settings, outline)
-                stages = FitEpochs(model, runtime, callbacks, meters, steps)
+                stages = FitEpochs(model, runtime, callbacks, meters, steps, position, preemption)
             else:
                 unchecked = settings.monitoring.monitor if columns is None else None
                 stages = RunnerEpochs(model, runners, runtime, callbacks, unchecked_monitor=unchecked)
             if settings.output.verbose:
                 model.print(f"{runtime.describe()}; {what_is_kept(settings.monitoring)}")
             return train_with_callbacks(
-                model, stages, train_loader, val_loader, runtime, callbacks, steps, settings, columns
+                model,
+                stages,
+                train_loader,
+                val_loader,
+                runtime,
+                callbacks,
+                steps,
+                settings,
+                columns,
+                position,
+                preemption,
             )
     finally:
         runtime.teardown()
@@ -275,8 +293,11 @@ def train_with_callbacks(
     steps: FitStep,
     settings: FitSettings,
     columns: Optional[list[str]],
+    position: Optional[RunPosition] = None,
+    preemption: Optional[Preemption] = None,
 ) -> pd.DataFrame:
-    """The epochs between ``on_train_begin`` and ``on_train_end``; Ctrl-C returns the history so far.
+    """The epochs between ``on_train_begin`` and ``on_train_end``; Ctrl-C returns the history so far,
+    a preemption signal raises :class:`~kerastorch.training.preemption.Preempted` once the state is written.
 
     ``columns`` are the history's columns after ``epoch`` (None: known only once an epoch ran).
     """
@@ -308,8 +329,13 @@ def train_with_callbacks(
                 rows,
                 first_epoch=first_epoch,
                 validation_freq=settings.data.validation_freq,
+                position=position,
+                preemption=preemption,
             )
         ended = "finished"
+    except Preempted:
+        ended = "preempted"  # the state is written; the caller gets the Preempted
+        raise
     except KeyboardInterrupt:
         ended = "interrupted"
         restored = "the best weights restored" if rows else "the weights from before training restored"
@@ -325,14 +351,24 @@ def train_with_callbacks(
     return model.history
 
 
+def keeps_training_state(settings: FitSettings) -> bool:
+    """A training state is kept: ``resume=True`` with a ``ckpt_path``, or a BackupAndRestore among the callbacks."""
+    watch = settings.monitoring
+    return bool(watch.resume and watch.ckpt_path is not None) or bool(training_states_in(settings.callbacks or ()))
+
+
 def callbacks_for_fit(
     model: TrainableModel,
     settings: FitSettings,
     train_loader: Any,
     val_loader: Optional[Any],
     columns: Optional[list[str]],
+    position: Optional[RunPosition] = None,
+    preemption: Optional[Preemption] = None,
+    mid_epoch: bool = True,
 ) -> CallbackList:
-    """fit's own callbacks, the user's, the training state (it keeps theirs) and the progress bar.
+    """fit's own callbacks, the user's, the training state (it keeps theirs), the preemption watch
+    and the progress bar.
 
     They run in the order of their ``order`` attribute (see :class:`~kerastorch.Callback`).
     ``columns`` are the history's columns after ``epoch`` (None: known only after an epoch).
@@ -364,9 +400,20 @@ def callbacks_for_fit(
         chosen.append(WandbLogger(**(output.wandb if isinstance(output.wandb, dict) else {})))
     chosen.extend(settings.callbacks)
     if watch.resume and watch.ckpt_path is not None:  # the door refuses resume without a ckpt_path
-        chosen.append(
-            TrainingState(training_state_path(watch.ckpt_path), list(chosen), (train_loader, val_loader), verbose=says)
+        chosen.append(TrainingState(training_state_path(watch.ckpt_path), verbose=says))
+    states = training_states_in(chosen)
+    if len(states) > 1:
+        raise ValueError(
+            f"fit was given {len(states)} training states ({', '.join(type(s).__name__ for s in states)}): they "
+            "would each restore the run. Keep one: resume=True (with ckpt_path), or one BackupAndRestore."
         )
+    position = position if position is not None else RunPosition()
+    for state in states:
+        state.attach(list(chosen), (train_loader, val_loader), position, mid_epoch)
+        if preemption is not None:
+            preemption.keep_state_with(state)
+    if preemption is not None:
+        chosen.append(preemption)
     runtime = model.runtime
     if runtime is not None and runtime.cluster.name == "ray":  # a Ray Train worker: report each epoch to Ray
         kept_files = [training_state_path(watch.ckpt_path)] if watch.resume and watch.ckpt_path else []
