@@ -438,5 +438,7 @@ def test_named_train_step_values_resume_mid_epoch_exactly(tmp_path):
     backup = lambda: kt.callbacks.BackupAndRestore(tmp_path / "b", save_freq=5, delete_checkpoint=False)
     with pytest.raises(RuntimeError, match="crash"):
         named_run([backup(), FailAt(2, 9)])
-    assert load_state_file(tmp_path / "b" / "training.state")["batches"] == 8  # mid-epoch (every 5 batches of the run): the partial sums count
+    assert (
+        load_state_file(tmp_path / "b" / "training.state")["batches"] == 8
+    )  # mid-epoch (every 5 batches of the run): the partial sums count
     assert_same(named_run([backup()]), straight)
