@@ -4,11 +4,13 @@ with a 1-D ``y`` and multi-label 0/1 integer labels; and what each of them relie
 
 from __future__ import annotations
 
+import doctest
 import math
 import os
 import runpy
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -636,7 +638,19 @@ def test_lightmodel_fixes_the_labels_as_keras_does_and_says_so(caplog):
     assert nn.functional.mse_loss(net(x).squeeze(1), y).item() < 0.05  # learned the sum, not the mean
 
 
-PAGES = ["fit", "data", "callbacks", "huggingface", "custom-steps", "tuning", "doctor", "devices"]
+PAGES = [
+    "fit",
+    "data",
+    "callbacks",
+    "huggingface",
+    "custom-steps",
+    "tuning",
+    "doctor",
+    "devices",
+    "several-processes",
+    "several-machines",
+    "resume",
+]
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -647,7 +661,27 @@ def test_every_python_block_of_the_pages_compiles_and_every_included_example_exi
         if code.startswith("--8<-- "):  # a whole example, included: it exists and runs in the tests above
             assert (ROOT / code.split('"')[1]).exists()
             continue
+        if code.lstrip().startswith(">>> "):  # a session at the prompt: each statement compiles
+            for example in doctest.DocTestParser().get_examples(code):
+                compile(example.source, f"docs/{page}.md", "single")
+            continue
         compile(code, f"docs/{page}.md", "exec")
+
+
+def test_the_data_pages_examples_run_in_order_as_a_reader_would_paste_them():
+    """Each block of the data page's Keras section runs after the ones above it (they build on its first one's data),
+    and no warning is left unexplained: what the page says fit accepts, fit accepts."""
+    section = (ROOT / "docs" / "data.md").read_text().split("## Data the Keras way", 1)[1].split("\n## ", 1)[0]
+    blocks = [block.split("```", 1)[0] for block in section.split("```python\n")[1:]]
+    assert len(blocks) >= 8
+    namespace: dict = {"__name__": "data_page"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        for number, code in enumerate(blocks, 1):
+            try:
+                exec(compile(code, f"docs/data.md, block {number}", "exec"), namespace)
+            except Exception as error:
+                raise AssertionError(f"docs/data.md's Python block {number} failed:\n{code}") from error
 
 
 class NamedValues(kt.KerasModel):
