@@ -35,10 +35,10 @@ def history_frame(rows: list[dict], columns: Optional[list[str]] = None) -> pd.D
     names = dict.fromkeys(columns or ())
     for row in rows:
         names.update(dict.fromkeys(row))
-    frame = pd.DataFrame({name: [row.get(name, math.nan) for row in rows] for name in names})
-    if "epoch" in frame:
-        frame["epoch"] = frame["epoch"].astype(int)
-    return frame
+    data = {name: [row.get(name, math.nan) for row in rows] for name in names}
+    if "epoch" in data:
+        data["epoch"] = [int(epoch) for epoch in data["epoch"]]
+    return pd.DataFrame(data)
 
 
 __all__ = ["history_columns", "history_frame"]
