@@ -44,7 +44,7 @@ from .tools.doctor import DoctorError
 from .tools.plots import plot_history
 from .training.preemption import Preempted
 
-__version__ = "0.1.0"
+__version__ = "0.3.0.dev0"
 
 __all__ = [
     "Callback",

@@ -45,10 +45,15 @@ EMA_DECAY = 0.9
 CLIP = 1.0
 ACCUMULATE = 4
 REDRAW = "ProgressBar.on_train_batch_end"  # where the progress bar reads the running values
+# With several processes, the preemption watch reads the answer of its last all-reduce of the
+# processes' signal flags: a CPU tensor in a gloo group on every device (never a device read),
+# exchanged about every CHECK_EVERY_SECONDS, not every step. Time-throttled like a redraw.
+PREEMPTION_CHECK = "SharedPreemption._take_previous_answer"
 
 
 def is_redraw(sync) -> bool:
-    return sync.passes_through(REDRAW)
+    """A read made at a time-throttled point (a progress redraw, the processes' preemption check)."""
+    return sync.passes_through(REDRAW) or sync.passes_through(PREEMPTION_CHECK)
 
 
 # -- the two loops compared ----------------------------------------------------------------

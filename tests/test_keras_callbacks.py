@@ -184,9 +184,13 @@ def test_restore_best_weights_none_true_false(restore, expected_epoch):
 
 def test_restore_best_weights_true_and_false_say_which_weights_the_net_holds(capsys):
     script = Scripted({"score": [0.25, 0.75, 0.5, 0.5], "err": [0.25, 0.5, 0.5, 0.5]})
-    run(script, [EarlyStopping("val_score", patience=2, restore_best_weights=True)], epochs=4, monitor="val_err")
+    keep_best = EarlyStopping("val_score", patience=2, restore_best_weights=True, verbose=1)
+    run(script, [keep_best], epochs=4, monitor="val_err")  # fit's verbose=0: the callback's own verbose speaks
     assert "Restored the weights of epoch 2 (val_score 0.75, EarlyStopping's best)" in capsys.readouterr().out
     run(script, [EarlyStopping("val_score", patience=2, restore_best_weights=False)], epochs=4, monitor="val_err")
+    assert capsys.readouterr().out == ""  # verbose=None follows fit's verbose=0
+    keep_last = EarlyStopping("val_score", patience=2, restore_best_weights=False, verbose=1)
+    run(script, [keep_last], epochs=4, monitor="val_err")
     assert "Kept the last epoch's weights (restore_best_weights=False); the best val_score was at epoch 2" in (
         capsys.readouterr().out
     )
@@ -218,6 +222,7 @@ def test_fits_own_early_stopping_says_that_it_stopped_and_how_to_turn_it_off(ver
     )
     if verbose:
         assert line in said
+        assert said.index(line) > said.index("Epoch 3/10")  # said after the last epoch's line
     else:
         assert said == ""
 

@@ -177,6 +177,12 @@ def test_a_tuple_data_set_takes_grouped_inputs_and_refuses_labels_in_the_weights
         model.fit(X[:50], y[:50], validation_data=(X[50:, :2], X[50:, 2:], y[50:]), verbose=0)
     with pytest.raises(ValueError, match=r"a tuple of 4 arrays.*\(\(X1, X2, X3\), y\)"):
         model.fit((X[:, :1], X[:, 1:2], X[:, 2:], y), verbose=0)
+    # Float labels in the third place look like weights: the first batch fails, saying how it was read.
+    regression = kt.KerasModel(TwoInputs(), nn.MSELoss())
+    before = [p.clone() for p in regression.net.parameters()]
+    with pytest.raises(TypeError, match=r"read as Keras reads it: \(x, y, sample_weight\).*fit\(\(\(X1, X2\), y\)\)"):
+        regression.fit((X[:, :2], X[:, 2:], w), verbose=0)
+    assert all(torch.equal(a, b) for a, b in zip(before, regression.net.parameters()))
 
 
 def test_predict_goes_once_over_a_generator_and_steps_cut_an_endless_one():

@@ -31,8 +31,9 @@ class EarlyStopping(MonitorCallback):
         monitor: the logged value to watch, e.g. ``"val_loss"`` or ``"val_acc"``.
         min_delta: an improvement must beat the best by more than this.
         patience: epochs without improvement before stopping (Keras's default, 0).
-        verbose: 1 prints a line when it stops (kerastorch's default: a run never stops
-            silently), 0 is silent.
+        verbose: 1 prints a line when the run ends, saying at which epoch it stopped and why; 0
+            is silent. ``None`` (default): as ``fit``'s ``verbose`` (Keras's default is 0; a run
+            that shows its epochs here also says why they ended).
         mode: ``"min"``, ``"max"``, or ``"auto"`` (default): decided when training begins by
             ``fit``'s own rule — a torchmetrics metric's ``higher_is_better``, else the name
             (``max`` for acc, auc, f1, precision, recall, iou, r2, score...).
@@ -66,7 +67,7 @@ class EarlyStopping(MonitorCallback):
         monitor: str = "val_loss",
         min_delta: float = 0.0,
         patience: int = 0,
-        verbose: int = 1,
+        verbose: Optional[int] = None,
         mode: str = "auto",
         baseline: Optional[float] = None,
         restore_best_weights: Optional[bool] = None,
@@ -75,7 +76,7 @@ class EarlyStopping(MonitorCallback):
         check_real_number("min_delta", min_delta, KERAS_ORDER)
         super().__init__(monitor, mode, min_delta)
         self.patience = check_whole_number("patience", patience, 0, ", e.g. patience=3")
-        self.verbose = check_verbose(verbose, KERAS_ORDER)
+        self.verbose = None if verbose is None else check_verbose(verbose, KERAS_ORDER)
         self.baseline = None if baseline is None else check_real_number("baseline", baseline, ", or None")
         if restore_best_weights not in (None, True, False):
             raise TypeError(
@@ -87,6 +88,7 @@ class EarlyStopping(MonitorCallback):
         self.wait = 0
         self.stopped_epoch: Optional[int] = None
         self.best_weights: Optional[dict] = None
+        self.says = True  # set when training begins, from verbose (or fit's verbose)
         self.set_by_fit = False  # fit's own, from its patience=: its message says how to turn it off
 
     @classmethod
@@ -98,6 +100,7 @@ class EarlyStopping(MonitorCallback):
 
     def on_train_begin(self, logs=None):
         self.check_monitor_is_logged()
+        self.says = bool(self.params.get("verbose", 1) if self.verbose is None else self.verbose)
         self.resolve_mode()
         # A reused instance must not compare with the previous fit's best (Keras resets it too).
         self.best, self.best_epoch, self.best_weights = None, None, None
@@ -118,8 +121,6 @@ class EarlyStopping(MonitorCallback):
         if self.wait >= self.patience and epoch > 1:
             self.stopped_epoch = epoch
             self.model.stop_training = True
-            if self.verbose:
-                self.model.print(self.stop_message(epoch))
 
     def stop_message(self, epoch: int) -> str:
         if self.best is None:
@@ -144,14 +145,17 @@ class EarlyStopping(MonitorCallback):
         return message
 
     def on_train_end(self, logs=None):
+        # Said once the run has ended, so that the line comes after the last epoch's line.
+        if self.stopped_epoch is not None and self.says:
+            self.model.print(self.stop_message(self.stopped_epoch))
         if self.restore_best_weights and self.best_weights is not None:
             strategy_of(self.model).load_whole_weights(self.model.net, self.best_weights)
-            if self.verbose:
+            if self.says:
                 self.model.print(
                     f"Restored the weights of epoch {self.best_epoch} ({self.monitor} {self.best:.4g}, "
                     "EarlyStopping's best)."
                 )
-        elif self.restore_best_weights is False and self.verbose and self.best_epoch is not None and logs:
+        elif self.restore_best_weights is False and self.says and self.best_epoch is not None and logs:
             self.model.print(
                 f"Kept the last epoch's weights (restore_best_weights=False); the best {self.monitor} was at "
                 f"epoch {self.best_epoch}."

@@ -300,7 +300,7 @@ def _first_batch_hint(model: Any, batch: Any) -> str:
         return ""
     labels_at = getattr(model, "labels_at", None)
     try:
-        args, kwargs, labels, _ = unpack(batch, labels_at)
+        args, kwargs, labels, weights_given = unpack(batch, labels_at)
     except BatchError:
         return ""
     labels_to_net = getattr(model, "loss_fn", None) is None and isinstance(batch, dict)
@@ -316,6 +316,12 @@ def _first_batch_hint(model: Any, batch: Any) -> str:
         return said + (
             f" The labels are strings ({labels[0]!r}, ...): map them to integers first, e.g. "
             "classes = sorted(set(labels)); y = [classes.index(c) for c in labels]."
+        )
+    if weights_given is not None and labels_at is None and len(args) == 1 and not kwargs:
+        return said + (
+            " The weights come from sample_weight= or from the third array of a tuple, which is read as Keras reads "
+            "it: (x, y, sample_weight). If that tuple's second array is an input of the net, not its labels, group "
+            "the inputs: fit(((X1, X2), y)) or fit((X1, X2), y)."
         )
     if isinstance(batch, (list, tuple)) and len(batch) >= 2:
         where = "first" if labels_at is None else "at another place"
