@@ -23,7 +23,13 @@ from ..data.peek import NoBatchesError, dry_run_first_batch, rng_untouched
 from ..settings import MonitorSettings
 from ..tools.snapshot import training_snapshot
 from ..training.history import history_columns
-from ..training.meters import is_stateful_metric, metric_friendly, metric_update_fn, scalar_metric_value
+from ..training.meters import (
+    MetricCopies,
+    is_stateful_metric,
+    metric_friendly,
+    metric_update_fn,
+    scalar_metric_value,
+)
 from ..training.metric_sync import is_torchmetrics
 from ..training.outputs import NoLossError
 
@@ -54,10 +60,11 @@ def broadcast_mismatch(loss_fn: Any, preds: Any, labels: Any) -> Optional[str]:
     )
 
 
-def check_first_batch(model: Any, data: Any, runtime: Any, name: str) -> None:
+def check_first_batch(model: Any, data: Any, runtime: Any, name: str, copies: Optional[MetricCopies] = None) -> None:
     """Run the first batch through the net, the loss and copies of the metrics, in eval mode and
     without gradients, so a wrong batch layout, a net/loss mismatch or a metric that does not
-    fit the outputs fails before any weight changes. ``name`` is what the user called the data."""
+    fit the outputs fails before any weight changes. ``name`` is what the user called the data;
+    ``copies``, the run's copies of its metrics (see :class:`~kerastorch.training.meters.MetricCopies`)."""
     seen: dict = {}
 
     def forward(batch: Any) -> Any:
@@ -71,10 +78,12 @@ def check_first_batch(model: Any, data: Any, runtime: Any, name: str) -> None:
         raise
     except Exception as error:
         raise _wrapped(error, name, _first_batch_hint(model, seen.get("batch"))) from error
-    check_first_outputs(model, loss, preds, labels, runtime, name)
+    check_first_outputs(model, loss, preds, labels, runtime, name, copies)
 
 
-def checked_first_step(model: Any, batch: Any, runtime: Any, name: str = "train_data") -> tuple[torch.Tensor, Any, Any]:
+def checked_first_step(
+    model: Any, batch: Any, runtime: Any, name: str = "train_data", copies: Optional[MetricCopies] = None
+) -> tuple[torch.Tensor, Any, Any]:
     """The default ``train_step`` on the run's first training batch, with :func:`check_first_batch`'s
     checks between the forward pass and the backward: they cost no pass of their own, and a
     failure still comes before any weight changes. (The forward pass in train mode has moved
@@ -87,7 +96,7 @@ def checked_first_step(model: Any, batch: Any, runtime: Any, name: str = "train_
         raise
     except Exception as error:
         raise _wrapped(error, name, _first_batch_hint(model, batch)) from error
-    check_first_outputs(model, loss, preds, labels, runtime, name)
+    check_first_outputs(model, loss, preds, labels, runtime, name, copies)
     model.backward(loss)
     model.optimizer_step()
     return loss, preds, labels
@@ -223,7 +232,9 @@ def monitor_for_columns(
     )
 
 
-def check_first_outputs(model: Any, loss: Any, preds: Any, labels: Any, runtime: Any, name: str) -> None:
+def check_first_outputs(
+    model: Any, loss: Any, preds: Any, labels: Any, runtime: Any, name: str, copies: Optional[MetricCopies] = None
+) -> None:
     """The loss is one number, outputs and labels do not broadcast into each other, and every
     metric takes the outputs: checked on the first batch, before any weight changes."""
     mismatch = broadcast_mismatch(model.loss_fn, preds, labels)
@@ -236,14 +247,16 @@ def check_first_outputs(model: Any, loss: Any, preds: Any, labels: Any, runtime:
             "with reduction='mean', or return loss.mean() (or loss.squeeze() for one element) from your loss or "
             "forward_batch."
         )
-    check_metrics_on(model.metrics_dict, preds, labels, name, runtime.outputs_device, runtime.num_processes)
+    copies = copies if copies is not None else MetricCopies(runtime.outputs_device)
+    check_metrics_on(model.metrics_dict, preds, labels, name, copies, runtime.num_processes)
 
 
 def check_metrics_on(
-    metrics_dict: dict, preds: Any, labels: Any, name: str, device: torch.device, processes: int = 1
+    metrics_dict: dict, preds: Any, labels: Any, name: str, copies: MetricCopies, processes: int = 1
 ) -> None:
     """Update and compute a copy of every metric on one batch: a metric that does not fit the
     outputs (3 classes into Accuracy(num_classes=2)) fails now, not after an epoch of training.
+    The copies come from ``copies``, and go back to it for the run's meters.
     Under several processes, a metric whose state is plain Python numbers (which cannot be
     summed over processes) is refused too: it would report one process's share alone."""
     preds = metric_friendly(preds)
@@ -252,9 +265,7 @@ def check_metrics_on(
         try:
             with torch.no_grad():
                 if is_stateful_metric(metric):
-                    trial = copy.deepcopy(metric)
-                    if isinstance(trial, torch.nn.Module):
-                        trial.to(device)
+                    trial = copies.take(metric)
                     trial.reset()
                     numbers = {
                         k: v for k, v in vars(trial).items() if isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -265,6 +276,8 @@ def check_metrics_on(
                 else:
                     value = metric(preds, labels)
                 scalar_metric_value(value, key)
+                if is_stateful_metric(metric):
+                    copies.give_back(metric, trial)
         except Exception as error:
             raise ValueError(
                 f"Metric {key!r} failed on the first batch of {name}, before training started: "

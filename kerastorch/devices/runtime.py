@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from accelerate import Accelerator
@@ -29,7 +29,7 @@ from .words import AUTOCAST_DTYPES, PARAM_DTYPES, TRUE_PRECISION_OF
 class Runtime:
     """What the loop needs to know about where it runs. Built by :func:`build_runtime`."""
 
-    accelerator: Any  # accelerate.Accelerator
+    _accelerator: Any  # accelerate.Accelerator, or None: see the accelerator property
     device: torch.device
     precision: str
     autocast_dtype: Optional[torch.dtype]
@@ -45,6 +45,17 @@ class Runtime:
     # and a later notebook_launcher would fork children that inherit it.
     num_processes: int = field(init=False)
     is_main_process: bool = field(init=False)
+    # Builds the Accelerator the first time someone asks for it (a run alone on the CPU): see build_runtime.
+    _build_accelerator: Optional[Callable[[], Any]] = None
+
+    @property
+    def accelerator(self) -> Any:
+        """accelerate's ``Accelerator`` of the run (None for the runtime of ``evaluate`` and ``predict``).
+        A run alone on the CPU asks nothing of it: it is built when first asked for (by a torchkeras
+        program's ``model.accelerator`` or its runner), so a plain fit never pays for it."""
+        if self._accelerator is None and self._build_accelerator is not None:
+            self._accelerator = self._build_accelerator()
+        return self._accelerator
 
     def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum a tensor over all processes (the identity in a single process)."""
@@ -72,7 +83,7 @@ class Runtime:
             self.accelerator.wait_for_everyone()
 
     def __post_init__(self) -> None:
-        acc = self.accelerator
+        acc = self._accelerator  # a run whose Accelerator comes later is one process, the main one
         self.num_processes = 1 if acc is None else acc.num_processes
         self.is_main_process = True if acc is None else acc.is_main_process
         # Decided once: to_device runs every step.
@@ -113,6 +124,7 @@ class Runtime:
 
     def teardown(self) -> None:
         """Forget accelerate's process-wide state, so the next fit may choose differently."""
+        self._build_accelerator = None  # asked after the run, there is none to build
         if self.owns_state:
             reset_accelerate_state()
             restore_accelerate_state(self.callers_state)
@@ -148,6 +160,8 @@ def build_runtime(plan: Plan) -> Runtime:
     """
     if plan.where not in ("here", "rank"):
         raise ValueError(f"build_runtime runs a plan in this process; this one runs in {plan.where!r}.")
+    if plan.where == "here" and plan.device_type == "cpu":
+        return runtime_alone_on_the_cpu(plan)
     in_job = plan.where == "rank"
     precision = plan.precision
     callers_state = () if in_job else saved_accelerate_state()
@@ -179,7 +193,7 @@ def build_runtime(plan: Plan) -> Runtime:
     if precision == "16-mixed" and acc.device.type == "cuda":
         scaler = torch.amp.GradScaler("cuda")
     return Runtime(
-        accelerator=acc,
+        _accelerator=acc,
         device=acc.device,
         precision=precision,
         autocast_dtype=AUTOCAST_DTYPES.get(precision),
@@ -190,6 +204,34 @@ def build_runtime(plan: Plan) -> Runtime:
         callers_state=callers_state,
         cluster=plan.cluster,
     )
+
+
+def runtime_alone_on_the_cpu(plan: Plan) -> Runtime:
+    """The runtime of a run in this process on the CPU. Nothing in it needs accelerate (one process,
+    no device to choose), so the ``Accelerator`` — a millisecond of a short fit — is built only if
+    someone asks for it (see :attr:`Runtime.accelerator`), the caller's accelerate state saved and
+    reset then, as :func:`build_runtime` does, and put back by :meth:`Runtime.teardown`."""
+    runtime = Runtime(
+        _accelerator=None,
+        device=torch.device("cpu"),
+        precision=plan.precision,
+        autocast_dtype=AUTOCAST_DTYPES.get(plan.precision),
+        param_dtype=PARAM_DTYPES.get(plan.precision),
+        scaler=None,
+        owns_state=False,
+        strategy=plan.strategy,
+        cluster=plan.cluster,
+    )
+
+    def build() -> Accelerator:
+        runtime.callers_state = saved_accelerate_state()
+        reset_accelerate_state()
+        runtime.owns_state = True
+        with patch_environment(ACCELERATE_TORCH_DEVICE="cpu"):
+            return Accelerator(cpu=True, mixed_precision="no")
+
+    runtime._build_accelerator = build
+    return runtime
 
 
 def check_job_formed(accelerator: Accelerator, plan: Plan) -> None:
@@ -220,7 +262,7 @@ def runtime_for_net(net: torch.nn.Module) -> Runtime:
         param_dtype = None
     precision = TRUE_PRECISION_OF.get(param_dtype, "32-true") if param_dtype is not None else "32-true"
     return Runtime(
-        accelerator=None,
+        _accelerator=None,
         device=device,
         precision=precision,
         autocast_dtype=None,

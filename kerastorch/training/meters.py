@@ -99,22 +99,56 @@ def scalar_metric_value(value: Any, name: str) -> torch.Tensor:
     return value.reshape(())
 
 
+class MetricCopies:
+    """A run's copies of its stateful metrics, each on the run's device: the first-batch checks try a
+    metric on one, and each meter keeps one.
+
+    A deep copy of a torchmetrics metric costs about half a millisecond, and a short fit used to make
+    four of each (a check on the training batch, one on the validation batch, one per meter). A copy a
+    check has used comes back reset, and a meter takes its copy when it is first used (the
+    validation meter after the first training batch), so a run makes two.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._spare: dict[int, list] = {}  # id(metric) -> copies, reset, that nobody holds
+
+    def take(self, metric: Any) -> Any:
+        spare = self._spare.get(id(metric))
+        if spare:
+            return spare.pop()
+        copied = copy.deepcopy(metric)
+        if isinstance(copied, torch.nn.Module):
+            copied.to(self.device)
+        return copied
+
+    def give_back(self, metric: Any, copied: Any) -> None:
+        """``copied`` (taken for ``metric``) is of no more use to its taker: reset, another may take it."""
+        copied.reset()
+        self._spare.setdefault(id(metric), []).append(copied)
+
+
 class _StatefulMeter:
     """A metric that keeps its own state: updated with batches, read with ``compute``."""
 
-    def __init__(self, metric: Any, device: torch.device, reduce_fn: Optional[Callable] = None):
-        self.metric = copy.deepcopy(metric)  # train and val each get their own, once per fit
-        if isinstance(self.metric, torch.nn.Module):
-            self.metric.to(device)
-        self._update = metric_update_fn(self.metric)
+    def __init__(self, metric: Any, copies: MetricCopies, reduce_fn: Optional[Callable] = None):
+        self.source = metric  # the user's metric: the meter updates a copy of its own
+        self.copies = copies
+        self._metric: Any = None  # the copy, taken when first used (see MetricCopies)
         self.seen = False
-        self.device = device
+        self.device = copies.device
         self.reduce_fn = reduce_fn  # set in a k-process run: a synced read combines every process's states
-        if reduce_fn is not None:
-            prepare_metric_for_processes(self.metric)
+
+    @property
+    def metric(self) -> Any:
+        if self._metric is None:
+            self._metric = self.copies.take(self.source)
+            if self.reduce_fn is not None:
+                prepare_metric_for_processes(self._metric)
+        return self._metric
 
     def update(self, preds: Any, labels: Any, n: int) -> None:
-        self._update(preds, labels)
+        metric_update_fn(self.metric)(preds, labels)
         self.seen = True
 
     def value(self, synced: bool = False) -> torch.Tensor:
@@ -239,6 +273,7 @@ class EpochMeters:
         reduce_fn: Optional[Callable] = None,
         weighted_metrics: Optional[dict] = None,
         values: Optional[Sequence[str]] = None,
+        copies: Optional[MetricCopies] = None,
     ):
         self.prefix = prefix
         # The names a train_step of the user's own returns in a dict, each summed like the loss
@@ -246,8 +281,9 @@ class EpochMeters:
         self.values = tuple(values) if values is not None else None
         self.device = device
         self.sum_dtype = exact_sum_dtype(device)
+        copies = copies if copies is not None else MetricCopies(device)  # the run's, shared with its checks
         self.meters: dict[str, Any] = {
-            name: _StatefulMeter(m, device, reduce_fn)
+            name: _StatefulMeter(m, copies, reduce_fn)
             if is_stateful_metric(m)
             else _FunctionMeter(m, device, self.sum_dtype)
             for name, m in metrics_dict.items()

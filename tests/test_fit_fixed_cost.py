@@ -1,0 +1,117 @@
+"""What a fit call spares itself (benchmarks/peers.py's ``startup`` workload measures it), each
+shown not to change what the run gives: no accelerate ``Accelerator`` for a run alone on the CPU
+unless something asks for one, two copies of each metric instead of four, and a history frame
+built from whole columns."""
+
+from __future__ import annotations
+
+import copy
+
+import pandas as pd
+import pytest
+import torch
+import torchmetrics
+from accelerate.state import AcceleratorState, PartialState
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import kerastorch as kt
+from kerastorch.training.history import history_frame
+
+
+def loaders(n=96, batch_size=32):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 4, generator=g)
+    y = (x[:, 0] > 0).long()
+    return DataLoader(TensorDataset(x, y), batch_size=batch_size), DataLoader(
+        TensorDataset(-x, y), batch_size=batch_size
+    )
+
+
+def make_model(metrics=None):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    return kt.KerasModel(net, nn.CrossEntropyLoss(), metrics, torch.optim.SGD(net.parameters(), lr=0.1))
+
+
+def test_a_run_alone_on_the_cpu_builds_accelerate_state_only_when_asked():
+    seen = {}
+
+    class Look(kt.Callback):
+        def __init__(self, ask):
+            self.ask = ask
+
+        def on_epoch_end(self, epoch, logs=None):
+            seen["state before asking"] = bool(PartialState._shared_state)
+            if self.ask:
+                seen["type"] = type(self.model.accelerator).__name__
+                seen["state after asking"] = bool(PartialState._shared_state)
+
+    train, _ = loaders()
+    make_model().fit(train, epochs=1, verbose=0, callbacks=[Look(ask=False)])
+    assert seen == {"state before asking": False}
+    seen.clear()
+    make_model().fit(train, epochs=1, verbose=0, callbacks=[Look(ask=True)])
+    assert seen == {"state before asking": False, "type": "Accelerator", "state after asking": True}
+    assert not PartialState._shared_state and not AcceleratorState._shared_state  # forgotten after the run
+
+
+def test_each_metric_is_copied_twice_and_the_checks_copy_carries_nothing_into_the_epoch(monkeypatch):
+    train, val = loaders()
+    accuracy = torchmetrics.Accuracy(task="multiclass", num_classes=2)
+    model = make_model({"acc": accuracy, "acc_fn": lambda preds, labels: (preds.argmax(1) == labels).float().mean()})
+    copied = []
+    real_deepcopy = copy.deepcopy
+
+    def counting_deepcopy(obj, *args, **kwargs):
+        if obj is accuracy:
+            copied.append(obj)
+        return real_deepcopy(obj, *args, **kwargs)
+
+    monkeypatch.setattr(copy, "deepcopy", counting_deepcopy)  # counts, and copies as ever
+    history = model.fit(train, val, epochs=2, verbose=0, monitor="val_loss", restore_best_weights=False)
+    assert len(copied) == 2  # the training meter's and the validation meter's
+    # The copies the first-batch checks updated came back reset: the stateful metric's epoch
+    # values equal the plain function's, computed over the same samples.
+    for stage in ("train", "val"):
+        assert history[f"{stage}_acc"].tolist() == pytest.approx(history[f"{stage}_acc_fn"].tolist(), abs=1e-6)
+    # The last epoch's validation accuracy, by hand with the weights that stay.
+    with torch.no_grad():
+        x, y = val.dataset.tensors
+        by_hand = (model.net(x).argmax(1) == y).float().mean().item()
+    assert history["val_acc"].iloc[-1] == pytest.approx(by_hand, abs=1e-6)
+    assert accuracy.update_count == 0  # the user's metric itself was never updated
+
+
+def row_by_row(rows, columns=None):
+    """The frame as pandas builds it from rows, reindexed: what history_frame gives, more slowly."""
+    frame = pd.DataFrame(rows)
+    if columns is not None and rows:
+        frame = frame.reindex(columns=[*columns, *(c for c in frame.columns if c not in columns)])
+    if "epoch" in frame:
+        frame["epoch"] = frame["epoch"].astype(int)
+    return frame
+
+
+@pytest.mark.parametrize(
+    "rows, columns",
+    [
+        ([], ["epoch", "train_loss"]),
+        ([{"epoch": 1, "train_loss": 0.5, "lr": 0.1, "val_loss": 0.4}], ["epoch", "train_loss", "lr", "val_loss"]),
+        # validation_freq=2: the first epoch has no val_* values; a callback added a column of its own
+        (
+            [{"epoch": 1, "train_loss": 0.5, "lr": 0.1}, {"epoch": 2, "train_loss": 0.4, "lr": 0.1, "val_loss": 0.3}],
+            ["epoch", "train_loss", "lr", "val_loss"],
+        ),
+        (
+            [{"epoch": 1, "train_loss": 0.5, "note": "warm-up"}, {"epoch": 2, "train_loss": 0.4}],
+            ["epoch", "train_loss"],
+        ),
+        ([{"epoch": 1.0, "train_loss": 0.5}], None),  # a run's results sent back from a worker
+    ],
+)
+def test_the_history_frame_is_the_one_pandas_builds_row_by_row(rows, columns):
+    frame = history_frame(rows, columns)
+    pd.testing.assert_frame_equal(frame, row_by_row(rows, columns))
+    if rows:
+        assert frame["epoch"].dtype == "int64"
