@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 import torch
 
 from ..data.batches import BatchError, describe_batch, describe_reading, unpack
-from ..data.peek import NoBatchesError, dry_run_first_batch, rng_untouched
+from ..data.peek import NoBatchesError, dry_run_first_batch, first_batch
 from ..settings import MonitorSettings
 from ..tools.snapshot import training_snapshot
 from ..training.history import history_columns
@@ -159,17 +159,7 @@ def check_own_step(model: Any, data: Any, runtime: Any, name: str, run_step: Cal
     as fit will), inside a snapshot of the weights, every optimizer and module the model holds, the
     scheduler, the grad scaler and the random generators: a mistake fails now, with the batch it got,
     and nothing has changed afterwards. Returns what the step returns, outlined."""
-    with rng_untouched(data):
-        iterator = iter(data)
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            raise NoBatchesError(
-                f"{name} produced no batches. Check the dataset's size, batch_size and drop_last."
-            ) from None
-        finally:
-            del iterator
-    batch = runtime.to_device(batch)
+    batch = runtime.to_device(first_batch(data, name))
     with trial_snapshot(model, [data], runtime):
         try:
             outputs = run_step(batch)

@@ -46,19 +46,25 @@ def rng_untouched(loader: Any) -> Iterator[None]:
             generator.set_state(state)
 
 
-def dry_run_first_batch(net: torch.nn.Module, data: Any, name: str, run: Callable[[Any], T]) -> T:
-    """``run(first batch of data)`` in eval mode, without gradients, leaving the data order
-    and the net's train/eval mode as they were. Errors from ``run`` propagate."""
+def first_batch(data: Any, name: str) -> Any:
+    """The first batch of ``data``, leaving the data order as it was (the random state the loader
+    draws its shuffle from is put back); :class:`NoBatchesError` naming ``name`` when there is none."""
     with rng_untouched(data):
         iterator = iter(data)
         try:
-            batch = next(iterator)
+            return next(iterator)
         except StopIteration:
             raise NoBatchesError(
                 f"{name} produced no batches. Check the dataset's size, batch_size and drop_last."
             ) from None
         finally:
             del iterator
+
+
+def dry_run_first_batch(net: torch.nn.Module, data: Any, name: str, run: Callable[[Any], T]) -> T:
+    """``run(first batch of data)`` in eval mode, without gradients, leaving the data order
+    and the net's train/eval mode as they were. Errors from ``run`` propagate."""
+    batch = first_batch(data, name)
     with eval_mode(net), torch.no_grad():
         return run(batch)
 

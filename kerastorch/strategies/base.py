@@ -102,6 +102,18 @@ def foreign_parameters(model: Any) -> list[str]:
     ]
 
 
+def refuse_foreign_parameters(model: Any, word: str, why: str) -> None:
+    """Refuse, before training, an optimizer that updates tensors outside the net under a strategy
+    that exchanges only the net's gradients (``why``: what that strategy does with the net's)."""
+    foreign = foreign_parameters(model)
+    if foreign:
+        raise ValueError(
+            f"strategy={word!r}: the optimizer also updates {', '.join(foreign[:5])}, which are not parameters of "
+            f"the net. {why} Compute that part in the net's forward (its parameters then belong to the net), or "
+            "train with devices=1."
+        )
+
+
 def unwrap(net: nn.Module) -> nn.Module:
     """The bare module inside DataParallel / DistributedDataParallel / torch.compile wrappers."""
     while True:
@@ -119,4 +131,4 @@ def cpu_state_dict(net: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in unwrap(net).state_dict().items()}
 
 
-__all__ = ["Strategy", "cpu_state_dict", "foreign_parameters", "unwrap"]
+__all__ = ["Strategy", "cpu_state_dict", "foreign_parameters", "refuse_foreign_parameters", "unwrap"]

@@ -22,10 +22,10 @@ import torch
 from accelerate.utils import DistributedDataParallelKwargs
 from torch import nn
 
-from ..data.peek import rng_untouched
+from ..data.peek import first_batch
 from ..training.modes import train_mode
-from .base import Strategy, foreign_parameters
-from .sharding import bare_module, shard_loaders
+from .base import Strategy, refuse_foreign_parameters
+from .sharding import bare_module, shard_loaders, users_net_kept
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,31 +55,25 @@ class DDP(Strategy):
             )
 
     def check(self, model: Any) -> None:
-        foreign = foreign_parameters(model)
-        if foreign:
-            raise ValueError(
-                f"strategy='ddp': the optimizer also updates {', '.join(foreign[:5])}, which are not parameters of "
-                "the net. DDP averages the gradients of the net's parameters over the processes, not of these, so "
-                "each process would train its own copy. Compute that part in the net's forward (its parameters "
-                "then belong to the net), or train with devices=1."
-            )
+        refuse_foreign_parameters(
+            model,
+            "ddp",
+            "DDP averages the gradients of the net's parameters over the processes, not of these, so each process "
+            "would train its own copy.",
+        )
 
     @contextlib.contextmanager
     def training(
         self, model: Any, runtime: Any, train_data: Any, val_data: Any, even_validation: bool = False
     ) -> Iterator[tuple[Any, Any]]:
         train_loader, val_loader = shard_loaders(runtime, train_data, val_data, even_validation)
-        users_net = model.net
-        try:
+        with users_net_kept(model, runtime) as users_net:
             # A train_step of the user's own steps the optimizer itself: only fit's step can be tried aside.
             if self.find_unused_parameters is None and getattr(model, "uses_default_train_step", False):
                 refuse_unused_parameters(model, train_data, runtime)
             with ddp_options(runtime.accelerator, find_unused_parameters=bool(self.find_unused_parameters)):
                 model.net = runtime.accelerator.prepare_model(bare_module(users_net), device_placement=False)
             yield train_loader, val_loader
-        finally:
-            model.net = users_net
-            runtime.accelerator.free_memory()  # accelerate forgets the wrapped net and loaders
 
     def no_sync(self, net: nn.Module) -> contextlib.AbstractContextManager:
         """Skip DDP's gradient all-reduce for a batch that does not end an accumulation group."""
@@ -140,8 +134,7 @@ def parameters_without_gradient(model: Any, train_data: Any, runtime: Any) -> li
     params = {name: p for name, p in net.named_parameters() if p.requires_grad}
     grads = {name: p.grad for name, p in params.items()}
     buffers = [(buffer, buffer.detach().clone()) for buffer in net.buffers()]  # BatchNorm's statistics move
-    with rng_untouched(train_data):
-        batch = next(iter(train_data))
+    batch = first_batch(train_data, "train_data")
     devices = [runtime.device] if runtime.device.type == "cuda" else []
     try:
         with torch.random.fork_rng(devices=devices), train_mode(net):  # dropout draws, nothing else sees it

@@ -35,9 +35,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from ..data.peek import rng_untouched
-from .base import Strategy, foreign_parameters, unwrap
-from .sharding import DealtBatches, bare_module, shard_loaders
+from ..data.peek import first_batch
+from .base import Strategy, refuse_foreign_parameters, unwrap
+from .sharding import DealtBatches, bare_module, shard_loaders, users_net_kept
 
 # fsdp's MixedPrecisionPolicy for fit's mixed precisions: compute in the low precision,
 # reduce gradients in float32 (as DDP under autocast does).
@@ -81,29 +81,19 @@ class FSDP(Strategy):
     def check(self, model: Any) -> None:
         blocks = blocks_to_shard(model.net, tuple(self.wrap), self.spelled)
         check_tied_parameters(model.net, blocks, bool(self.wrap))
-        foreign = foreign_parameters(model)
-        if foreign:
-            raise ValueError(
-                f"strategy='fsdp': the optimizer also updates {', '.join(foreign[:5])}, which are not parameters "
-                "of the net, and only the net's are sharded and their gradients exchanged. Compute that part in "
-                "the net's forward (its parameters then belong to the net), or train with devices=1."
-            )
+        refuse_foreign_parameters(model, "fsdp", "Only the net's parameters are sharded and their gradients exchanged.")
 
     @contextlib.contextmanager
     def training(
         self, model: Any, runtime: Any, train_data: Any, val_data: Any, even_validation: bool = False
     ) -> Iterator[tuple[Any, Any]]:
         train_loader, val_loader = shard_loaders(runtime, train_data, val_data, even_validation)
-        users_net = model.net
-        try:
+        with users_net_kept(model, runtime) as users_net:
             model.net = bare_module(users_net)
             if val_loader is not None:
                 val_loader = lockstep_validation(val_loader, val_data, model, runtime)
             with sharded_training(model, runtime.precision, tuple(self.wrap)):
                 yield train_loader, val_loader
-        finally:
-            model.net = users_net
-            runtime.accelerator.free_memory()
 
     def whole_weights(self, net: nn.Module) -> dict[str, torch.Tensor]:
         """The whole weights, gathered from every process's shard: every process calls it, at the same point."""
@@ -304,8 +294,7 @@ def lockstep_validation(loader: Any, users_loader: Any, model: Any, runtime: Any
     most = None
     if not isinstance(loader, DealtBatches):
         most = int(runtime.accelerator.gather(torch.tensor([len(loader)], device=runtime.device)).max())
-    with rng_untouched(users_loader):
-        spare = next(iter(users_loader))
+    spare = first_batch(users_loader, "the validation data")
 
     def forward(batch: Any) -> None:
         with torch.no_grad(), runtime.autocast():

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import warnings
@@ -35,6 +36,18 @@ def shard_loaders(runtime: Any, train_data: Any, val_data: Any, even_validation:
     shard_val = functools.partial(shard_evenly, name="val_data") if even_validation else shard_exactly
     val_loader = None if val_data is None else shard_val(accelerator, val_data)
     return train_loader, val_loader
+
+
+@contextlib.contextmanager
+def users_net_kept(model: Any, runtime: Any) -> Iterator[nn.Module]:
+    """While a strategy puts its wrapped net in ``model.net``: the user's net, put back afterwards (also
+    after an error), and accelerate made to forget the wrapped net and loaders."""
+    users_net = model.net
+    try:
+        yield users_net
+    finally:
+        model.net = users_net
+        runtime.accelerator.free_memory()
 
 
 def bare_module(net: nn.Module) -> nn.Module:
