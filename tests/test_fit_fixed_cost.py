@@ -1,7 +1,7 @@
 """What a fit call spares itself (benchmarks/peers.py's ``startup`` workload measures it), each
 shown not to change what the run gives: no accelerate ``Accelerator`` for a run alone on the CPU
-unless something asks for one, two copies of each metric instead of four, and a history frame
-built from whole columns."""
+unless something asks for one, two copies of each metric in a model's first fit (instead of four)
+and none in its later runs, and a history frame built from whole columns."""
 
 from __future__ import annotations
 
@@ -56,31 +56,67 @@ def test_a_run_alone_on_the_cpu_builds_accelerate_state_only_when_asked():
     assert not PartialState._shared_state and not AcceleratorState._shared_state  # forgotten after the run
 
 
+class CountingCopies:
+    """Counts the deep copies made of one object (and copies as ever)."""
+
+    def __init__(self, monkeypatch, watched):
+        self.watched, self.count = watched, 0
+        real_deepcopy = copy.deepcopy
+
+        def counting_deepcopy(obj, *args, **kwargs):
+            if obj is self.watched:
+                self.count += 1
+            return real_deepcopy(obj, *args, **kwargs)
+
+        monkeypatch.setattr(copy, "deepcopy", counting_deepcopy)
+
+
+def accuracy_by_hand(net, loader):
+    with torch.no_grad():
+        x, y = loader.dataset.tensors
+        return (net(x).argmax(1) == y).float().mean().item()
+
+
 def test_each_metric_is_copied_twice_and_the_checks_copy_carries_nothing_into_the_epoch(monkeypatch):
     train, val = loaders()
     accuracy = torchmetrics.Accuracy(task="multiclass", num_classes=2)
     model = make_model({"acc": accuracy, "acc_fn": lambda preds, labels: (preds.argmax(1) == labels).float().mean()})
-    copied = []
-    real_deepcopy = copy.deepcopy
-
-    def counting_deepcopy(obj, *args, **kwargs):
-        if obj is accuracy:
-            copied.append(obj)
-        return real_deepcopy(obj, *args, **kwargs)
-
-    monkeypatch.setattr(copy, "deepcopy", counting_deepcopy)  # counts, and copies as ever
+    copies = CountingCopies(monkeypatch, accuracy)
     history = model.fit(train, val, epochs=2, verbose=0, monitor="val_loss", restore_best_weights=False)
-    assert len(copied) == 2  # the training meter's and the validation meter's
+    assert copies.count == 2  # the training meter's and the validation meter's
     # The copies the first-batch checks updated came back reset: the stateful metric's epoch
     # values equal the plain function's, computed over the same samples.
     for stage in ("train", "val"):
         assert history[f"{stage}_acc"].tolist() == pytest.approx(history[f"{stage}_acc_fn"].tolist(), abs=1e-6)
     # The last epoch's validation accuracy, by hand with the weights that stay.
-    with torch.no_grad():
-        x, y = val.dataset.tensors
-        by_hand = (model.net(x).argmax(1) == y).float().mean().item()
-    assert history["val_acc"].iloc[-1] == pytest.approx(by_hand, abs=1e-6)
+    assert history["val_acc"].iloc[-1] == pytest.approx(accuracy_by_hand(model.net, val), abs=1e-6)
     assert accuracy.update_count == 0  # the user's metric itself was never updated
+
+
+def test_a_models_later_runs_copy_no_metric_and_carry_nothing_from_the_earlier_ones(monkeypatch):
+    train, val = loaders()
+    accuracy = torchmetrics.Accuracy(task="multiclass", num_classes=2)
+    model = make_model({"acc": accuracy})
+    accuracy(torch.tensor([[0.0, 1.0]]), torch.tensor([0]))  # the user's own use: one wrong answer in its state
+    model.fit(train, val, epochs=1, verbose=0, monitor="val_loss")
+    copies = CountingCopies(monkeypatch, accuracy)
+    for _ in range(2):
+        history = model.fit(train, val, epochs=1, verbose=0, monitor="val_loss", restore_best_weights=False)
+        # Each run's value is its own epoch's alone, by hand with the weights the net holds now.
+        assert history["val_acc"].iloc[-1] == pytest.approx(accuracy_by_hand(model.net, val), abs=1e-6)
+        assert model.evaluate(val)["val_acc"] == pytest.approx(accuracy_by_hand(model.net, val), abs=1e-6)
+    assert copies.count == 0
+    # A metric put in place of the first gets copies of its own, not the first one's.
+    recall = torchmetrics.Recall(task="multiclass", num_classes=2, average="macro")
+    model.metrics_dict = {"acc": recall}
+    copies.watched = recall
+    history = model.fit(train, val, epochs=1, verbose=0, monitor="val_loss", restore_best_weights=False)
+    assert copies.count == 2
+    x, y = val.dataset.tensors
+    with torch.no_grad():
+        by_hand = torchmetrics.functional.recall(model.net(x), y, task="multiclass", num_classes=2, average="macro")
+    assert history["val_acc"].iloc[-1] == pytest.approx(by_hand.item(), abs=1e-6)
+    assert accuracy.update_count == 1 and recall.update_count == 0  # the user's metrics as they were
 
 
 def row_by_row(rows, columns=None):

@@ -1,5 +1,6 @@
 """The package's import graph: no cycles, and no import hidden inside a function except
-of the optional extras (which ``import kerastorch`` must not need).
+of the optional extras (which ``import kerastorch`` must not need) and of the package's few
+modules whose imports are heavy and which only some runs use (``import kerastorch`` leaves them out).
 
 Read from the source with ``ast``, so a back-edge hidden in a function body is seen too.
 """
@@ -7,6 +8,8 @@ Read from the source with ``ast``, so a back-edge hidden in a function body is s
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "kerastorch"
@@ -25,6 +28,16 @@ OPTIONAL_EXTRAS = (
     "sklearn",
     "ray",
 )
+# Package modules imported inside the functions that use them, on purpose: their own imports are
+# heavy and only some runs need them. Each with the modules ``import kerastorch`` must leave out.
+LAZY_MODULES = {
+    # torch's FSDP2, DTensor and distributed checkpoint: about 0.6 s, needed by FSDP runs only
+    "kerastorch.strategies.fsdp_engine": (
+        "torch.distributed.fsdp",
+        "torch.distributed.tensor",
+        "torch.distributed.checkpoint",
+    ),
+}
 # Functions whose own source runs elsewhere, so they must import what they use.
 SELF_CONTAINED = {("kerastorch.devices.cuda", "probe_cuda_devices")}  # run in a child process by its source
 
@@ -87,7 +100,8 @@ def import_graph() -> dict[str, set[str]]:
     for name, path in known.items():
         tree = ast.parse(path.read_text(), filename=str(path))
         is_package = path.name == "__init__.py"
-        for node in top_level_imports(tree):
+        lazy = [node for _, node in function_imports(tree) if imported_names(node, name, is_package)[0] in LAZY_MODULES]
+        for node in top_level_imports(tree) + lazy:
             for target in imported_names(node, name, is_package):
                 if target not in known or target in (name, PACKAGE):  # every module runs inside the root package
                     continue
@@ -154,6 +168,8 @@ def hidden_imports(name: str, source: str, is_package: bool = False) -> list[str
         else:
             targets = imported_names(node, name, is_package)[:1]
         for target in targets:
+            if target in LAZY_MODULES:
+                continue
             if not any(target == extra or target.startswith(extra + ".") for extra in OPTIONAL_EXTRAS):
                 hidden.append(f"line {node.lineno} in {function}(): {target}")
     return hidden
@@ -171,3 +187,12 @@ def test_no_import_inside_a_function_except_optional_extras():
 def test_a_planted_function_local_import_is_found():
     source = "def plot():\n    import matplotlib\n\ndef run():\n    from .model import KerasModel\n"
     assert hidden_imports("kerastorch.loop", source) == ["line 5 in run(): kerastorch.model"]
+
+
+def test_import_kerastorch_leaves_the_heavy_modules_out():
+    """A run that does not use them never pays for their import (a fresh interpreter: this one's
+    tests may have imported them)."""
+    heavy = [module for modules in LAZY_MODULES.values() for module in modules] + list(LAZY_MODULES)
+    script = f"import sys, kerastorch; print([m for m in {heavy!r} if m in sys.modules])"
+    imported = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert imported.strip() == "[]", f"import kerastorch imported {imported.strip()}"

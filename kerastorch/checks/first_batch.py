@@ -255,8 +255,7 @@ def check_metrics_on(
         try:
             with torch.no_grad():
                 if is_stateful_metric(metric):
-                    trial = copies.take(metric)
-                    trial.reset()
+                    trial = copies.take(metric)  # comes reset
                     numbers = {
                         k: v for k, v in vars(trial).items() if isinstance(v, (int, float)) and not isinstance(v, bool)
                     }

@@ -7,6 +7,8 @@ devices), :class:`DDP` and :class:`FSDP`.
     model.fit(dl_train, dl_val, devices=4, strategy=kt.strategies.FSDP(wrap=[nn.TransformerEncoderLayer]))
 
 Nothing outside this folder asks which strategy runs: the run asks the strategy instead.
+:class:`FSDP`'s work with torch's FSDP2 lives in ``fsdp_engine`` (its blocks and their checks in
+``fsdp_blocks``), imported when an FSDP run starts: ``import kerastorch`` does not pay for it.
 """
 
 from .base import Strategy, cpu_state_dict, unwrap

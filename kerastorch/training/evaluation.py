@@ -23,7 +23,7 @@ from ..devices.runtime import runtime_for_net
 from ..settings import EvaluateSettings, PredictSettings
 from ..tools.notebook import output_style
 from .loop import evaluate_epoch, predict_outputs
-from .meters import EpochMeters
+from .meters import EpochMeters, metric_copies_for
 from .parts import check_loss_fn
 from .protocols import TrainableModel
 
@@ -57,8 +57,12 @@ def evaluate(model: TrainableModel, given: EvalData, settings: EvaluateSettings)
     if runners is not None:
         logs = RunnerEpochs(model, runners, runtime, callbacks).validate(data)
     else:
-        meters = EpochMeters("val", model.metrics_dict, runtime.outputs_device)
-        logs = evaluate_epoch(model, data, runtime, meters, callbacks)
+        copies = metric_copies_for(model, runtime.outputs_device)
+        meters = EpochMeters("val", model.metrics_dict, runtime.outputs_device, copies=copies)
+        try:
+            logs = evaluate_epoch(model, data, runtime, meters, callbacks)
+        finally:
+            meters.give_back_copies()
     if settings.verbose:
         model.print(", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
     if settings.return_dict:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Mapping
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
@@ -100,32 +100,59 @@ def scalar_metric_value(value: Any, name: str) -> torch.Tensor:
 
 
 class MetricCopies:
-    """A run's copies of its stateful metrics, each on the run's device: the first-batch checks try a
-    metric on one, and each meter keeps one.
+    """A model's copies of its stateful metrics on one device: the first-batch checks try a metric on
+    one, and each meter keeps one.
 
-    A deep copy of a torchmetrics metric costs about half a millisecond, and a short fit used to make
-    four of each (a check on the training batch, one on the validation batch, one per meter). A copy a
-    check has used comes back reset, and a meter takes its copy when it is first used (the
-    validation meter after the first training batch), so a run makes two.
+    A deep copy of a torchmetrics metric costs about half a millisecond, more than the rest of the
+    metric work of a one-batch fit. So a copy is made once and used again: one its taker is done
+    with comes back reset (a check's at once, a meter's when its run ends) and the next taker gets
+    it. The model keeps its copies between runs (:func:`metric_copies_for`), as Keras keeps a
+    compiled model's metrics and resets them at each fit: a model's first fit makes two copies of
+    each metric, its later fits none.
     """
 
     def __init__(self, device: torch.device):
         self.device = device
-        self._spare: dict[int, list] = {}  # id(metric) -> copies, reset, that nobody holds
+        # id(metric) -> (the metric, its copies that nobody holds, reset). The metric is held so that
+        # its id cannot be taken by a new object, whose copies these are not.
+        self._spare: dict[int, tuple[Any, list]] = {}
 
     def take(self, metric: Any) -> Any:
         spare = self._spare.get(id(metric))
-        if spare:
-            return spare.pop()
+        if spare is not None and spare[0] is metric and spare[1]:
+            return spare[1].pop()
         copied = copy.deepcopy(metric)
         if isinstance(copied, torch.nn.Module):
             copied.to(self.device)
+        copied.reset()  # the user's metric may hold updates of their own
         return copied
 
     def give_back(self, metric: Any, copied: Any) -> None:
         """``copied`` (taken for ``metric``) is of no more use to its taker: reset, another may take it."""
         copied.reset()
-        self._spare.setdefault(id(metric), []).append(copied)
+        spare = self._spare.get(id(metric))
+        if spare is None or spare[0] is not metric:
+            spare = self._spare[id(metric)] = (metric, [])
+        spare[1].append(copied)
+
+    def keep_only(self, metrics: Iterable[Any]) -> None:
+        """Drop the copies of metrics not among ``metrics`` (a model whose metrics_dict was replaced)."""
+        wanted = {id(metric) for metric in metrics}
+        for key in [key for key in self._spare if key not in wanted]:
+            del self._spare[key]
+
+
+def metric_copies_for(model: Any, device: torch.device) -> MetricCopies:
+    """The copies ``model`` keeps of its metrics on ``device`` (see :class:`MetricCopies`)."""
+    kept: Optional[dict] = getattr(model, "_metric_copies", None)
+    if kept is None:
+        kept = {}
+        model._metric_copies = kept
+    copies = kept.get(device)
+    if copies is None:
+        copies = kept[device] = MetricCopies(device)
+    copies.keep_only(model.metrics_dict.values())
+    return copies
 
 
 class _StatefulMeter:
@@ -158,6 +185,13 @@ class _StatefulMeter:
     def reset(self) -> None:
         self.metric.reset()
         self.seen = False
+
+    def give_back_copy(self) -> None:
+        """The run is over: the copy goes back, reset, for the model's next run."""
+        if self._metric is not None:
+            self.copies.give_back(self.source, self._metric)
+            self._metric = None
+            self.seen = False
 
     def state_dict(self) -> dict:
         """The metric's states so far: its parameters and buffers, and every attribute that holds a
@@ -302,6 +336,12 @@ class EpochMeters:
     def names(self) -> list[str]:
         summed = ("loss",) if self.values is None else self.values
         return [f"{self.prefix}_{name}" for name in (*summed, *self.meters, *self.weighted)]
+
+    def give_back_copies(self) -> None:
+        """The run is over: the metrics' copies go back to the model's (:class:`MetricCopies`)."""
+        for meter in self.meters.values():
+            if isinstance(meter, _StatefulMeter):
+                meter.give_back_copy()
 
     def reset(self) -> None:
         self.loss_sum.zero_()

@@ -50,7 +50,7 @@ from ..tools.doctor import check_before_fit
 from .compiling import compiled_net
 from .history import history_frame
 from .loop import FitEpochs, fit_loop
-from .meters import EpochMeters, MetricCopies
+from .meters import EpochMeters, MetricCopies, metric_copies_for
 from .parts import ModelParts
 from .position import RunPosition
 from .preemption import Preempted, Preemption, preemption_for, signals_passed_to_workers
@@ -160,13 +160,14 @@ def fit_here(
     model.runtime = runtime
     # A run decides on its first batch how it reads the labels and the net's output, and says it once.
     model.start_reading(say=model.print if settings.output.verbose else None)
+    meters: dict[str, EpochMeters] = {}
     try:
         place_parts(model, runtime)
         runners = program_runners(model)  # a program's own step class, or None
         checks_ride_on_first_step: Optional[str] = None
         outline = StepOutline()
         columns: Optional[list[str]]
-        copies = MetricCopies(runtime.outputs_device)  # the metrics' copies, for the checks and the meters
+        copies = metric_copies_for(model, runtime.outputs_device)  # for the checks and the meters
         if runners is None:
             checks_ride_on_first_step, outline = check_first_batches(
                 model, train_data, val_data, runtime, settings, copies
@@ -215,6 +216,8 @@ def fit_here(
                 preemption,
             )
     finally:
+        for stage in meters.values():
+            stage.give_back_copies()
         runtime.teardown()
 
 
