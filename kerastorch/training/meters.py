@@ -183,7 +183,8 @@ class _StatefulMeter:
         return torch.as_tensor(compute_metric(self.metric, reduce_fn, self.device))
 
     def reset(self) -> None:
-        self.metric.reset()
+        if self._metric is not None:  # a copy not yet taken comes reset
+            self._metric.reset()
         self.seen = False
 
     def give_back_copy(self) -> None:
