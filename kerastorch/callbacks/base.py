@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Optional
 
 
@@ -115,5 +116,25 @@ ORDER_PRUNING = 110  # a pruned trial raises only after every other callback has
 def overrides(cb: Any, hook: str) -> bool:
     """True when ``cb`` implements ``hook`` itself (looked up on the instance, so hooks set
     as attributes, as LambdaCallback does, count too)."""
-    impl = getattr(cb, hook, None)
+    return hook in hooks_of(cb)
+
+
+# A callback class -> the hooks it implements: read once per class, not once per run and hook (a
+# fit call builds its callback list anew). Weak, so a class made inside a function can go.
+_CLASS_HOOKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def hooks_of(cb: Any) -> frozenset[str]:
+    """The hooks ``cb`` implements itself: its class's, and those set on the instance (LambdaCallback)."""
+    cls = type(cb)
+    hooks = _CLASS_HOOKS.get(cls)
+    if hooks is None:
+        hooks = _CLASS_HOOKS[cls] = frozenset(hook for hook in HOOKS if _implements(getattr(cls, hook, None), hook))
+    own = getattr(cb, "__dict__", None)
+    if own and any(hook in own for hook in HOOKS):
+        hooks = (hooks - own.keys()) | {hook for hook in HOOKS if _implements(own.get(hook), hook)}
+    return hooks
+
+
+def _implements(impl: Any, hook: str) -> bool:
     return impl is not None and getattr(impl, "__func__", impl) is not getattr(Callback, hook)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
 
-from .base import HOOKS, Callback, overrides
+from .base import HOOKS, Callback, hooks_of
 
 
 class CallbackList:
@@ -20,7 +20,8 @@ class CallbackList:
         for cb in self.callbacks:
             cb.set_model(model)
             cb.set_params(params)
-        self._listeners = {hook: [getattr(cb, hook) for cb in self.callbacks if overrides(cb, hook)] for hook in HOOKS}
+        implemented = [(cb, hooks_of(cb)) for cb in self.callbacks]
+        self._listeners = {hook: [getattr(cb, hook) for cb, hooks in implemented if hook in hooks] for hook in HOOKS}
 
     def wants(self, hook: str) -> bool:
         return bool(self._listeners[hook])

@@ -82,13 +82,19 @@ def check_first_batch(model: Any, data: Any, runtime: Any, name: str, copies: Op
 
 
 def checked_first_step(
-    model: Any, batch: Any, runtime: Any, name: str = "train_data", copies: Optional[MetricCopies] = None
+    model: Any,
+    batch: Any,
+    runtime: Any,
+    name: str = "train_data",
+    copies: Optional[MetricCopies] = None,
+    adopt: Optional[Callable[[str, Any], bool]] = None,
 ) -> tuple[torch.Tensor, Any, Any]:
     """The default ``train_step`` on the run's first training batch, with :func:`check_first_batch`'s
     checks between the forward pass and the backward: they cost no pass of their own, and a
     failure still comes before any weight changes. (The forward pass in train mode has moved
     BatchNorm's running statistics by then: a run that ends before its first epoch does gets
-    the weights and buffers from before training back from ``RestoreBestWeights``.)"""
+    the weights and buffers from before training back from ``RestoreBestWeights``.) ``adopt``: see
+    :func:`check_metrics_on`."""
     try:
         with runtime.autocast():
             loss, preds, labels = model.forward_batch(batch)
@@ -96,7 +102,7 @@ def checked_first_step(
         raise
     except Exception as error:
         raise _wrapped(error, name, _first_batch_hint(model, batch)) from error
-    check_first_outputs(model, loss, preds, labels, runtime, name, copies)
+    check_first_outputs(model, loss, preds, labels, runtime, name, copies, adopt)
     model.backward(loss)
     model.optimizer_step()
     return loss, preds, labels
@@ -223,7 +229,14 @@ def monitor_for_columns(
 
 
 def check_first_outputs(
-    model: Any, loss: Any, preds: Any, labels: Any, runtime: Any, name: str, copies: Optional[MetricCopies] = None
+    model: Any,
+    loss: Any,
+    preds: Any,
+    labels: Any,
+    runtime: Any,
+    name: str,
+    copies: Optional[MetricCopies] = None,
+    adopt: Optional[Callable[[str, Any], bool]] = None,
 ) -> None:
     """The loss is one number, outputs and labels do not broadcast into each other, and every
     metric takes the outputs: checked on the first batch, before any weight changes."""
@@ -238,15 +251,23 @@ def check_first_outputs(
             "forward_batch."
         )
     copies = copies if copies is not None else MetricCopies(runtime.outputs_device)
-    check_metrics_on(model.metrics_dict, preds, labels, name, copies, runtime.num_processes)
+    check_metrics_on(model.metrics_dict, preds, labels, name, copies, runtime.num_processes, adopt)
 
 
 def check_metrics_on(
-    metrics_dict: dict, preds: Any, labels: Any, name: str, copies: MetricCopies, processes: int = 1
+    metrics_dict: dict,
+    preds: Any,
+    labels: Any,
+    name: str,
+    copies: MetricCopies,
+    processes: int = 1,
+    adopt: Optional[Callable[[str, Any], bool]] = None,
 ) -> None:
     """Update and compute a copy of every metric on one batch: a metric that does not fit the
     outputs (3 classes into Accuracy(num_classes=2)) fails now, not after an epoch of training.
-    The copies come from ``copies``, and go back to it for the run's meters.
+    The copies come from ``copies``, and go back to it for the run's meters; ``adopt(key, copy)``,
+    when given, may keep a copy as it is, holding this batch (the training meter takes the copy
+    of the batch it meters next: :meth:`~kerastorch.training.meters.EpochMeters.adopt`).
     Under several processes, a metric whose state is plain Python numbers (which cannot be
     summed over processes) is refused too: it would report one process's share alone."""
     preds = metric_friendly(preds)
@@ -265,7 +286,7 @@ def check_metrics_on(
                 else:
                     value = metric(preds, labels)
                 scalar_metric_value(value, key)
-                if is_stateful_metric(metric):
+                if is_stateful_metric(metric) and not (adopt is not None and adopt(key, trial)):
                     copies.give_back(metric, trial)
         except Exception as error:
             raise ValueError(

@@ -332,6 +332,7 @@ class EpochMeters:
         self.value_sums = {name: torch.zeros((), device=device, dtype=self.sum_dtype) for name in self.values or ()}
         self.count = 0
         self._pending: list[tuple[Any, Any, int]] = []
+        self._adopted: set[str] = set()  # metrics whose copy holds the next batch already (see adopt)
 
     @property
     def names(self) -> list[str]:
@@ -344,7 +345,22 @@ class EpochMeters:
             if isinstance(meter, _StatefulMeter):
                 meter.give_back_copy()
 
+    def adopt(self, name: str, copied: Any) -> bool:
+        """Keep ``copied``, a copy of metric ``name`` that the first-batch check updated with the batch
+        this meter is about to get, as that metric's: the batch is not fed to it twice, and the check's
+        update is not made twice. Only at the start of an epoch that holds nothing yet (not in a
+        resumed one); False when not kept."""
+        meter = self.meters.get(name)
+        if not isinstance(meter, _StatefulMeter) or meter._metric is not None or self.count or self._pending:
+            return False
+        meter._metric, meter.seen = copied, True
+        if meter.reduce_fn is not None:
+            prepare_metric_for_processes(copied)
+        self._adopted.add(name)
+        return True
+
     def reset(self) -> None:
+        self._adopted.clear()
         self.loss_sum.zero_()
         for total in self.value_sums.values():
             total.zero_()
@@ -364,6 +380,13 @@ class EpochMeters:
         for weighted in self.weighted.values():
             weighted.update_weighted(preds, labels, n, weight)
         if not self.meters:
+            return
+        if self._adopted:  # the first batch, which the check's copies of these metrics hold already
+            adopted, self._adopted = self._adopted, set()
+            friendly = metric_friendly(preds)
+            for name, meter in self.meters.items():
+                if name not in adopted:
+                    meter.update(friendly, labels, n)
             return
         if self._pending and not _can_concatenate(self._pending[-1], preds, labels):
             self._flush()

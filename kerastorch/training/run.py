@@ -193,7 +193,9 @@ def fit_here(
             callbacks = callbacks_for_fit(
                 model, settings, train_loader, val_loader, columns, position, preemption, mid_epoch=runners is None
             )
-            steps = FitStep(model, runtime, settings.step, callbacks, checks_ride_on_first_step, copies)
+            steps = FitStep(
+                model, runtime, settings.step, callbacks, checks_ride_on_first_step, copies, meters.get("train")
+            )
             stages: Epochs
             if runners is None:
                 stages = FitEpochs(model, runtime, callbacks, meters, steps, position, preemption)
