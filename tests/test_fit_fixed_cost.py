@@ -1,7 +1,8 @@
 """What a fit call spares itself (benchmarks/peers.py's ``startup`` workload measures it), each
 shown not to change what the run gives: no accelerate ``Accelerator`` for a run alone on the CPU
 unless something asks for one, two copies of each metric in a model's first fit (instead of four)
-and none in its later runs, and a history frame built from whole columns."""
+and none in its later runs, no ``.to`` for a net already on its device and dtype, and a history
+frame built from whole columns."""
 
 from __future__ import annotations
 
@@ -151,3 +152,23 @@ def test_the_history_frame_is_the_one_pandas_builds_row_by_row(rows, columns):
     pd.testing.assert_frame_equal(frame, row_by_row(rows, columns))
     if rows:
         assert frame["epoch"].dtype == "int64"
+
+
+def test_a_net_already_in_place_is_not_moved_and_one_in_another_dtype_is(monkeypatch):
+    train, val = loaders()
+    model = make_model()
+    moved = []
+    real_to = nn.Module.to
+
+    def counting_to(module, *args, **kwargs):
+        moved.append(module)
+        return real_to(module, *args, **kwargs)
+
+    monkeypatch.setattr(nn.Module, "to", counting_to)
+    model.fit(train, val, epochs=1, verbose=0)
+    assert model.net not in moved  # on the CPU in float32 already: .to would walk every module for nothing
+    model.net.double()
+    with pytest.warns(UserWarning, match="weights are float64.*converted to float32"):
+        history = model.fit(train, val, epochs=1, verbose=0)
+    assert model.net in moved and {p.dtype for p in model.net.parameters()} == {torch.float32}
+    assert history["train_loss"].notna().all()

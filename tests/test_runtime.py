@@ -16,6 +16,7 @@ import torch
 import kerastorch as kt
 from kerastorch.devices.cuda import _probe_in_child_process, cuda_visible_devices, visible_device_entries
 from kerastorch.devices.plan import choose_devices, parse_accelerator
+from kerastorch.devices.runtime import reset_accelerate_state
 from kerastorch.devices.words import parse_devices
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -282,7 +283,10 @@ def test_an_accelerator_built_before_fit_still_works_after_it():
     model = kt.KerasModel(net, torch.nn.MSELoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
     history = model.fit((torch.randn(16, 3), torch.randn(16, 1)), epochs=2, batch_size=8, verbose=0)
 
-    assert len(history) == 2
-    assert accelerator.device == torch.device("cpu")
-    loader = accelerator.prepare(torch.utils.data.DataLoader(torch.arange(6.0), batch_size=3))
-    assert [batch.tolist() for batch in loader] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    try:
+        assert len(history) == 2
+        assert accelerator.device == torch.device("cpu")
+        loader = accelerator.prepare(torch.utils.data.DataLoader(torch.arange(6.0), batch_size=3))
+        assert [batch.tolist() for batch in loader] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    finally:  # the state this test's accelerator made is shared by the process: leave none to the next test
+        reset_accelerate_state()

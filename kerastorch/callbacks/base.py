@@ -88,6 +88,7 @@ class Callback:
 
 
 HOOKS = [name for name in vars(Callback) if name.startswith("on_")]
+HOOK_NAMES = frozenset(HOOKS)
 PER_STEP_HOOKS = (
     "on_train_batch_begin",
     "on_train_batch_end",
@@ -130,9 +131,9 @@ def hooks_of(cb: Any) -> frozenset[str]:
     hooks = _CLASS_HOOKS.get(cls)
     if hooks is None:
         hooks = _CLASS_HOOKS[cls] = frozenset(hook for hook in HOOKS if _implements(getattr(cls, hook, None), hook))
-    own = getattr(cb, "__dict__", None)
-    if own and any(hook in own for hook in HOOKS):
-        hooks = (hooks - own.keys()) | {hook for hook in HOOKS if _implements(own.get(hook), hook)}
+    set_here = getattr(cb, "__dict__", {}).keys() & HOOK_NAMES
+    if set_here:
+        hooks = (hooks - set_here) | {hook for hook in set_here if _implements(vars(cb)[hook], hook)}
     return hooks
 
 

@@ -10,6 +10,7 @@ half-precision gradients. The optimizer's state follows its parameters, so a sec
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from typing import Any, Optional
 
@@ -41,13 +42,27 @@ def place_model(
         )
         target = torch.float32
         runtime.set_param_dtype(target)  # float64 inputs are cast too, so the converted net can take them
-    net.to(device=runtime.device if move_net else None, dtype=target)
-    if isinstance(loss_fn, nn.Module):
+    device = runtime.device if move_net else None
+    if not is_placed(net, device, target):
+        net.to(device=device, dtype=target)
+    if isinstance(loss_fn, nn.Module) and not is_placed(loss_fn, runtime.device, target):
         loss_fn.to(device=runtime.device, dtype=target)  # a class-weight tensor must match the outputs' dtype
     if optimizer is not None:
         match_optimizer_state(optimizer)
         if target == torch.float16:
             warn_if_eps_vanishes(optimizer)
+
+
+def is_placed(module: nn.Module, device: Optional[torch.device], dtype: Optional[torch.dtype]) -> bool:
+    """Every parameter and buffer of ``module`` on ``device`` already and, when floating, of ``dtype``:
+    ``module.to(device, dtype)`` would change nothing. (Checked first because ``to`` walks every
+    module and tensor whatever it finds, which a second ``fit`` of the same net would pay again.)"""
+    for tensor in itertools.chain(module.parameters(), module.buffers()):
+        if tensor.is_complex() or (device is not None and tensor.device != device):
+            return False
+        if dtype is not None and tensor.is_floating_point() and tensor.dtype != dtype:
+            return False
+    return True
 
 
 def warn_if_eps_vanishes(optimizer: torch.optim.Optimizer) -> None:
