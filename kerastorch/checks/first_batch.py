@@ -277,9 +277,7 @@ def check_metrics_on(
             with torch.no_grad():
                 if is_stateful_metric(metric):
                     trial = copies.take(metric)  # comes reset
-                    numbers = {
-                        k: v for k, v in vars(trial).items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-                    }
+                    numbers = _number_states(trial) if processes > 1 else {}
                     metric_update_fn(trial)(preds, labels)
                     number_states = [k for k, v in numbers.items() if vars(trial).get(k) != v]
                     value = trial.compute()
@@ -301,6 +299,12 @@ def check_metrics_on(
                 f"Keep the state in tensors, e.g. self.register_buffer('{number_states[0]}', torch.tensor(0.0)) or "
                 f"nn.Parameter(torch.tensor(0.0), requires_grad=False), or use a torchmetrics metric."
             )
+
+
+def _number_states(metric: Any) -> dict[str, Any]:
+    """The metric's attributes that hold plain Python numbers (an update that changes one keeps state
+    that cannot be summed over processes)."""
+    return {k: v for k, v in vars(metric).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def _first_batch_hint(model: Any, batch: Any) -> str:

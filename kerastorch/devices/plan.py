@@ -88,10 +88,11 @@ def make_plan(settings: DeviceSettings, net: torch.nn.Module) -> Plan:
         strategy = resolve(settings.strategy, net, cluster.world_size)
         return Plan("rank", device_type, (), precision, strategy, cluster.world_size, cluster)
     devices = settings.devices
-    if is_auto(devices) and not strategy_for_net(net).moves_net:
+    alone = strategy_for_net(net)  # what one process would run (it looks at every parameter's device)
+    if is_auto(devices) and not alone.moves_net:
         devices = 1  # the user placed the net's pieces; it trains in this one process
     chosen = tuple(choose_devices(devices, device_type))
-    strategy = resolve(settings.strategy, net, len(chosen))
+    strategy = resolve(settings.strategy, net, len(chosen), alone)
     return Plan("workers" if len(chosen) > 1 else "here", device_type, chosen, precision, strategy, cluster=cluster)
 
 

@@ -62,11 +62,14 @@ def _parse_strategy_word(strategy: Any) -> Optional[Strategy]:
     )
 
 
-def resolve(asked: Optional[Strategy], net: nn.Module, num_processes: int) -> Strategy:
+def resolve(
+    asked: Optional[Strategy], net: nn.Module, num_processes: int, alone: Optional[Strategy] = None
+) -> Strategy:
     """The strategy a run of ``num_processes`` processes uses, for what was asked (None: "auto").
 
     One process trains the whole net on one device, or a net the user spread over devices where
-    it is; several processes use what was asked, DDP by default.
+    it is (``alone``, when the caller has it already: :func:`strategy_for_net`); several processes
+    use what was asked, DDP by default.
     """
     check_one_process(net, num_processes)
     if num_processes > 1:
@@ -85,7 +88,7 @@ def resolve(asked: Optional[Strategy], net: nn.Module, num_processes: int) -> St
             UserWarning,
             stacklevel=5,
         )
-    return strategy_for_net(net)
+    return alone if alone is not None else strategy_for_net(net)
 
 
 def strategy_of(model: Any) -> Strategy:

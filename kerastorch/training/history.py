@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
+import numpy as np
 import pandas as pd
 
 
@@ -35,9 +36,14 @@ def history_frame(rows: list[dict], columns: Optional[list[str]] = None) -> pd.D
     names = dict.fromkeys(columns or ())
     for row in rows:
         names.update(dict.fromkeys(row))
-    data = {name: [row.get(name, math.nan) for row in rows] for name in names}
+    data: dict[str, Any] = {}
+    for name in names:
+        values = [row.get(name, math.nan) for row in rows]
+        # A column of Python floats (nearly all of them) as the array pandas would make of it, which
+        # pandas takes without inferring the type value by value.
+        data[name] = np.array(values, dtype=np.float64) if all(type(v) is float for v in values) else values
     if "epoch" in data:
-        data["epoch"] = [int(epoch) for epoch in data["epoch"]]
+        data["epoch"] = np.array([int(epoch) for epoch in data["epoch"]], dtype=np.int64)
     return pd.DataFrame(data)
 
 
