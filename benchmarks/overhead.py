@@ -1,6 +1,6 @@
 """What does ``fit`` cost over a training loop that logs nothing?
 
-Runs, in one process and interleaved, three ways to train the same net on the same
+Runs, in one process and interleaved, several ways to train the same net on the same
 data with validation every epoch:
 
 * ``bare``: forward, backward, step; a validation forward pass; nothing logged.
@@ -8,6 +8,8 @@ data with validation every epoch:
   a torchmetrics call per step, early stopping and a checkpoint file).
 * ``fit``: ``KerasModel.fit`` with the same metric, validation, early stopping, a
   checkpoint file and its progress bar.
+* ``fit core``: ``fit`` with nothing optional (no metric, no progress bar, no checkpoint file,
+  no early stopping): the loop's own cost, apart from its features'.
 * ``fit compile``: the same ``fit`` with ``compile=True`` (``torch.compile``'s defaults),
   timed from its second epoch, since the first holds the compilation (whose extra time is
   printed apart). Leave it out with ``--no-compile``.
@@ -179,22 +181,27 @@ class EpochClock(kt.Callback):
         self.epoch_times.append(self.end - self.epoch_start)
 
 
-def run_fit(make_net, dl_train, dl_val, epochs, device, ckpt_path, precision="32-true", verbose=1, compile=False):
+def run_fit(
+    make_net, dl_train, dl_val, epochs, device, ckpt_path, precision="32-true", verbose=1, compile=False, core=False
+):
+    """``core=True``: fit with nothing optional (no metric, no progress bar, no checkpoint file, no
+    early stopping; the best weights by val_loss still kept in memory), to tell the loop's own
+    cost from its features'."""
     net, loss_fn, optimizer, metric = make_parts(make_net)
-    model = kt.KerasModel(net, loss_fn, {"acc": metric}, optimizer)
+    model = kt.KerasModel(net, loss_fn, None if core else {"acc": metric}, optimizer)
     clock = EpochClock(first_epoch=2 if compile else 1)
     model.fit(
         dl_train,
         dl_val,
         epochs=epochs,
-        patience=5,
-        monitor="val_acc",
-        mode="max",
-        ckpt_path=ckpt_path,
+        patience=None if core else 5,
+        monitor="val_loss" if core else "val_acc",
+        mode="min" if core else "max",
+        ckpt_path=None if core else ckpt_path,
         callbacks=[clock],
         accelerator=device.type,
         precision=precision,
-        verbose=verbose,
+        verbose=0 if core else verbose,
         compile="strict" if compile else False,
     )
     seconds = (clock.end - clock.start) / clock.epochs
@@ -211,7 +218,7 @@ def measure(task, repeats, epochs, device, compile=True):
     pin = device.type == "cuda"
     dl_train = DataLoader(train, batch_size=batch_size, shuffle=True, pin_memory=pin)
     dl_val = DataLoader(val, batch_size=batch_size, pin_memory=pin)
-    times = {"bare": [], "seed loop": [], "fit": [], **({"fit compile": []} if compile else {})}
+    times = {"bare": [], "seed loop": [], "fit": [], "fit core": [], **({"fit compile": []} if compile else {})}
     compile_seconds.clear()
     with tempfile.TemporaryDirectory() as folder:
         ckpt = os.path.join(folder, "best.pt")
@@ -219,6 +226,7 @@ def measure(task, repeats, epochs, device, compile=True):
         for _ in range(repeats):
             times["bare"].append(run_bare(make_net, dl_train, dl_val, epochs, device))
             times["fit"].append(run_fit(make_net, dl_train, dl_val, epochs, device, ckpt))
+            times["fit core"].append(run_fit(make_net, dl_train, dl_val, epochs, device, ckpt, core=True))
             times["seed loop"].append(run_seed_loop(make_net, dl_train, dl_val, epochs, device, ckpt))
             if compile:
                 times["fit compile"].append(run_fit(make_net, dl_train, dl_val, epochs, device, ckpt, compile=True))

@@ -99,6 +99,54 @@ def test_epoch_values_are_exact_over_samples_not_means_of_batch_means():
     assert history["val_loss"][0] != pytest.approx(sum(batch_means) / 3, rel=1e-6)
 
 
+class PixelAccuracy(torch.nn.Module):
+    """A stateful metric; every copy of it records, in the class, how many output elements each
+    update was handed."""
+
+    update_sizes: list = []  # on the class: the run's copies of the metric all add to it
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("correct", torch.tensor(0.0))
+        self.register_buffer("total", torch.tensor(0.0))
+
+    def update(self, preds, labels):
+        PixelAccuracy.update_sizes.append(preds.numel())
+        self.correct += (preds.argmax(1) == labels).sum()
+        self.total += labels.numel()
+
+    def compute(self):
+        return self.correct / self.total
+
+    def reset(self):
+        self.correct.zero_()
+        self.total.zero_()
+
+
+def test_large_outputs_reach_the_metrics_in_bounded_groups_and_stay_exact():
+    """Metric updates are grouped over steps, but a segmentation net's outputs must not pile up on
+    the device: a group holds at most FLUSH_ELEMENTS output elements."""
+    from kerastorch.training.meters import FLUSH_ELEMENTS
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 1, 256, 256)
+    y = (x[:, 0] > 0).long()  # one label per pixel
+    net = nn.Conv2d(1, 2, 1)  # 8 x 2 x 256 x 256 = 1M output elements a batch
+    loader = DataLoader(TensorDataset(x, y), batch_size=8)
+    model = kt.KerasModel(
+        net, nn.CrossEntropyLoss(), {"pixel_acc": PixelAccuracy()}, torch.optim.SGD(net.parameters(), lr=0.1)
+    )
+    PixelAccuracy.update_sizes.clear()
+    history = model.fit(loader, loader, epochs=1, verbose=0)
+    one_batch = 8 * 2 * 256 * 256
+    # Grouped (updates of several batches), each group within the bound: never the 7 or 8 batches
+    # an epoch holds after the first (which the first-batch check updated on its own).
+    assert one_batch < max(PixelAccuracy.update_sizes) <= min(FLUSH_ELEMENTS, 4 * one_batch)
+    with torch.no_grad():
+        by_hand = (net(x).argmax(1) == y).float().mean().item()
+    assert history["val_pixel_acc"][0] == pytest.approx(by_hand, abs=1e-6)
+
+
 def test_three_metric_forms_agree(loaders, mlp):
     dl_train, dl_val = loaders
     metrics = {"tm": accuracy_metric(), "tk": TorchkerasAccuracy(), "fn": accuracy}

@@ -22,9 +22,11 @@ import torch
 
 from .metric_sync import compute_metric, exact_sum_dtype, prepare_metric_for_processes
 
-# How many steps of outputs are held before the metrics see them. Bounded so a big
-# model's outputs do not pile up; any read flushes earlier.
+# How many steps of outputs are held before the metrics see them, and how many output elements at
+# most: a segmentation net's outputs (8 x 21 x 512 x 512 floats, 176 MB a batch) go to the metrics
+# batch by batch instead of piling up on the device. Any read flushes earlier.
 FLUSH_EVERY = 16
+FLUSH_ELEMENTS = 1 << 22
 
 
 def is_stateful_metric(metric: Any) -> bool:
@@ -391,7 +393,9 @@ class EpochMeters:
         if self._pending and not _can_concatenate(self._pending[-1], preds, labels):
             self._flush()
         self._pending.append((preds, labels, n))
-        if len(self._pending) >= FLUSH_EVERY:
+        if len(self._pending) >= FLUSH_EVERY or (
+            isinstance(preds, torch.Tensor) and preds.numel() * len(self._pending) >= FLUSH_ELEMENTS
+        ):
             self._flush()
 
     def update_values(self, values: dict, n: int) -> None:
