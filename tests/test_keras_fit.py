@@ -2,7 +2,8 @@
 forms Keras reads (``predict([X1, X2])``, a dict of inputs with ``y``, ``(x, y, sample_weight)``
 validation data, ``predict(generator)``), ``class_weight`` for a class absent from training and
 for one-hot labels, ``initial_epoch``, ``validation_steps`` / ``validation_batch_size``,
-``evaluate``'s and ``predict``'s keywords and hooks, and the Keras example page of the docs.
+``evaluate``'s and ``predict``'s keywords and hooks, a net sized by its first batch (PyTorch's
+lazy modules, as a Keras ``Dense`` takes its input size), and the Keras example page of the docs.
 
 Every run is real. Where a value is compared with one computed by hand, the learning rate is 0
 (the weights stay put, so the loss of every epoch is the loss of the initial net) and the hand
@@ -491,3 +492,20 @@ def test_the_keras_example_page_runs_on_generated_data(tmp_path, monkeypatch):
     assert model.evaluate(X_val, y_val, verbose=0)["val_loss"] == pytest.approx(history["val_loss"].min(), rel=1e-5)
     model.load_ckpt(tmp_path / "best.safetensors")
     assert model.evaluate(X_val, y_val, verbose=0)["val_accuracy"] == pytest.approx(history["val_accuracy"].max())
+
+
+@pytest.mark.parametrize("with_validation", [False, True])
+def test_a_lazy_net_sized_by_its_first_batch_trains_and_keeps_its_best_weights(with_validation):
+    """``nn.LazyLinear(16)`` is PyTorch's Keras ``Dense(16)``: no input size until the first batch."""
+    torch.manual_seed(0)
+    x = torch.randn(256, 4)
+    y = (x[:, 0] + x[:, 1] > 0).long()
+    net = nn.Sequential(nn.LazyLinear(16), nn.ReLU(), nn.Linear(16, 2))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.5)  # built over the parameters not yet sized
+    model = kt.KerasModel(net, nn.CrossEntropyLoss(), {"acc": accuracy}, optimizer)
+    history = model.fit((x, y), validation_data=(x, y) if with_validation else None, epochs=8, batch_size=32, verbose=0)
+    assert net[0].weight.shape == (16, 4)
+    assert history["train_acc"].iloc[-1] > 0.9
+    if with_validation:  # the best epoch's weights came back
+        best = history["val_loss"].idxmin()
+        assert model.evaluate((x, y))["val_loss"] == pytest.approx(history["val_loss"][best], rel=1e-5)

@@ -242,7 +242,9 @@ def check_first_batches(
     """
     names = settings.data
     outline = StepOutline()
-    rides = runtime.num_processes == 1 and model.uses_default_train_step
+    # A net with lazy modules (nn.LazyLinear, sized by its first batch as a Keras Dense is) gets its
+    # weights from a forward pass: the separate check gives it that before anything copies them.
+    rides = runtime.num_processes == 1 and model.uses_default_train_step and not has_lazy_parameters(model.net)
     if not model.uses_default_train_step:
         run_step = functools.partial(run_once, model, runtime, settings.step)
         outline = check_own_step(model, train_data, runtime, names.train_name, run_step)
@@ -251,6 +253,11 @@ def check_first_batches(
     if val_data is not None:
         check_first_batch(model, val_data, runtime, names.val_name, copies)
     return (names.train_name if rides else None), outline
+
+
+def has_lazy_parameters(net: torch.nn.Module) -> bool:
+    """Parameters a lazy module has not sized yet (they take their shapes from the first forward pass)."""
+    return any(isinstance(p, torch.nn.parameter.UninitializedParameter) for p in net.parameters())
 
 
 def what_is_kept(watch: Any) -> str:
