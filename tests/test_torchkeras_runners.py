@@ -181,6 +181,10 @@ def test_a_callback_acting_inside_the_step_is_refused(step_runner, loaders):
     model = digits_model()
     with pytest.raises(ValueError, match=r"EMA acts inside the training step"):
         model.fit(dl_train, dl_val, epochs=1, verbose=0, callbacks=[kt.callbacks.EMA(0.9)])
+    watch = kt.Callback()
+    watch.on_after_backward = lambda: None  # a hook set on the instance counts too
+    with pytest.raises(ValueError, match=r"Callback acts inside the training step \(on_after_backward\)"):
+        model.fit(dl_train, dl_val, epochs=1, verbose=0, callbacks=[watch])
 
 
 def test_a_runner_that_returns_something_else_fails_on_the_first_batch_before_training(monkeypatch, loaders):

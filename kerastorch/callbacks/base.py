@@ -114,12 +114,6 @@ ORDER_PROGRESS = 100  # drawn last, once every other callback has spoken
 ORDER_PRUNING = 110  # a pruned trial raises only after every other callback has finished
 
 
-def overrides(cb: Any, hook: str) -> bool:
-    """True when ``cb`` implements ``hook`` itself (looked up on the instance, so hooks set
-    as attributes, as LambdaCallback does, count too)."""
-    return hook in hooks_of(cb)
-
-
 # A callback class -> the hooks it implements: read once per class, not once per run and hook (a
 # fit call builds its callback list anew). Weak, so a class made inside a function can go.
 _CLASS_HOOKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -35,7 +35,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from ..callbacks.base import Callback
+from ..callbacks.base import hooks_of
 from ..callbacks.callback_list import CallbackList
 from ..data.batches import batch_size_of
 from ..data.peek import dry_run_first_batch
@@ -143,7 +143,7 @@ def check_runner_fit(model: Any, settings: Any, sample_weight: Any = None) -> No
             "KerasModel and override train_step(batch), which gets all of fit's options."
         )
     for callback in settings.callbacks or []:
-        hooks = [hook for hook in STEP_HOOKS if _overrides(callback, hook)]
+        hooks = [hook for hook in STEP_HOOKS if hook in hooks_of(callback)]
         if hooks:
             raise ValueError(
                 f"The callback {type(callback).__name__} acts inside the training step ({', '.join(hooks)}), which "
@@ -156,11 +156,6 @@ def check_runner_fit(model: Any, settings: Any, sample_weight: Any = None) -> No
 def runner_name(model: Any) -> str:
     runners = program_runners(model)
     return getattr(runners.step_class, "__name__", "?") if runners else "none"
-
-
-def _overrides(callback: Any, hook: str) -> bool:
-    own = getattr(type(callback), hook, None)
-    return own is not None and own is not getattr(Callback, hook, None)
 
 
 class DeviceBatches:
