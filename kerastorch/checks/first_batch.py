@@ -26,6 +26,7 @@ from ..training.history import history_columns
 from ..training.meters import (
     MetricCopies,
     is_stateful_metric,
+    metric_copies_for,
     metric_friendly,
     metric_update_fn,
     scalar_metric_value,
@@ -60,11 +61,10 @@ def broadcast_mismatch(loss_fn: Any, preds: Any, labels: Any) -> Optional[str]:
     )
 
 
-def check_first_batch(model: Any, data: Any, runtime: Any, name: str, copies: Optional[MetricCopies] = None) -> None:
+def check_first_batch(model: Any, data: Any, runtime: Any, name: str) -> None:
     """Run the first batch through the net, the loss and copies of the metrics, in eval mode and
     without gradients, so a wrong batch layout, a net/loss mismatch or a metric that does not
-    fit the outputs fails before any weight changes. ``name`` is what the user called the data;
-    ``copies``, the run's copies of its metrics (see :class:`~kerastorch.training.meters.MetricCopies`)."""
+    fit the outputs fails before any weight changes. ``name`` is what the user called the data."""
     seen: dict = {}
 
     def forward(batch: Any) -> Any:
@@ -78,7 +78,7 @@ def check_first_batch(model: Any, data: Any, runtime: Any, name: str, copies: Op
         raise
     except Exception as error:
         raise _wrapped(error, name, _first_batch_hint(model, seen.get("batch"))) from error
-    check_first_outputs(model, loss, preds, labels, runtime, name, copies)
+    check_first_outputs(model, loss, preds, labels, runtime, name)
 
 
 def checked_first_step(
@@ -86,7 +86,6 @@ def checked_first_step(
     batch: Any,
     runtime: Any,
     name: str = "train_data",
-    copies: Optional[MetricCopies] = None,
     adopt: Optional[Callable[[str, Any], bool]] = None,
 ) -> tuple[torch.Tensor, Any, Any]:
     """The default ``train_step`` on the run's first training batch, with :func:`check_first_batch`'s
@@ -102,7 +101,7 @@ def checked_first_step(
         raise
     except Exception as error:
         raise _wrapped(error, name, _first_batch_hint(model, batch)) from error
-    check_first_outputs(model, loss, preds, labels, runtime, name, copies, adopt)
+    check_first_outputs(model, loss, preds, labels, runtime, name, adopt)
     model.backward(loss)
     model.optimizer_step()
     return loss, preds, labels
@@ -235,7 +234,6 @@ def check_first_outputs(
     labels: Any,
     runtime: Any,
     name: str,
-    copies: Optional[MetricCopies] = None,
     adopt: Optional[Callable[[str, Any], bool]] = None,
 ) -> None:
     """The loss is one number, outputs and labels do not broadcast into each other, and every
@@ -250,7 +248,7 @@ def check_first_outputs(
             "with reduction='mean', or return loss.mean() (or loss.squeeze() for one element) from your loss or "
             "forward_batch."
         )
-    copies = copies if copies is not None else MetricCopies(runtime.outputs_device)
+    copies = metric_copies_for(model, runtime.outputs_device)  # the model's, which its meters take too
     check_metrics_on(model.metrics_dict, preds, labels, name, copies, runtime.num_processes, adopt)
 
 

@@ -50,7 +50,7 @@ from ..tools.doctor import check_before_fit
 from .compiling import compiled_net
 from .history import history_frame
 from .loop import FitEpochs, fit_loop
-from .meters import EpochMeters, MetricCopies, metric_copies_for
+from .meters import EpochMeters, metric_copies_for
 from .parts import ModelParts
 from .position import RunPosition
 from .preemption import Preempted, Preemption, preemption_for, signals_passed_to_workers
@@ -167,11 +167,8 @@ def fit_here(
         checks_ride_on_first_step: Optional[str] = None
         outline = StepOutline()
         columns: Optional[list[str]]
-        copies = metric_copies_for(model, runtime.outputs_device)  # for the checks and the meters
         if runners is None:
-            checks_ride_on_first_step, outline = check_first_batches(
-                model, train_data, val_data, runtime, settings, copies
-            )
+            checks_ride_on_first_step, outline = check_first_batches(model, train_data, val_data, runtime, settings)
             columns = outline.columns(settings.metric_names(model.metrics_dict), val_data is not None)
             if not model.uses_default_train_step:  # the step named its values on its trial: monitor one of them
                 monitoring = monitor_for_columns(settings.monitoring, columns, outline.values)
@@ -188,14 +185,12 @@ def fit_here(
             val_loader = per_process_validation_data(val_loader, settings.data)
             if not runtime.is_main_process:  # one process prints, draws and logs
                 settings = dataclasses.replace(settings, output=settings.output.silenced())
-            meters = epoch_meters(model, runtime, settings, outline, copies) if runners is None else {}
+            meters = epoch_meters(model, runtime, settings, outline) if runners is None else {}
             position, preemption = RunPosition(meters.get("train")), preemption_for(runtime)
             callbacks = callbacks_for_fit(
                 model, settings, train_loader, val_loader, columns, position, preemption, mid_epoch=runners is None
             )
-            steps = FitStep(
-                model, runtime, settings.step, callbacks, checks_ride_on_first_step, copies, meters.get("train")
-            )
+            steps = FitStep(model, runtime, settings.step, callbacks, checks_ride_on_first_step, meters.get("train"))
             stages: Epochs
             if runners is None:
                 stages = FitEpochs(model, runtime, callbacks, meters, steps, position, preemption)
@@ -229,7 +224,6 @@ def check_first_batches(
     val_data: Optional[Any],
     runtime: Runtime,
     settings: FitSettings,
-    copies: Optional[MetricCopies] = None,
 ) -> tuple[Optional[str], StepOutline]:
     """Check the first batches against the net, loss and metrics, and try a train_step of the user's
     own. Returns the training data's name when its checks ride on the real first step instead, and
@@ -249,9 +243,9 @@ def check_first_batches(
         run_step = functools.partial(run_once, model, runtime, settings.step)
         outline = check_own_step(model, train_data, runtime, names.train_name, run_step)
     elif not rides:
-        check_first_batch(model, train_data, runtime, names.train_name, copies)
+        check_first_batch(model, train_data, runtime, names.train_name)
     if val_data is not None:
-        check_first_batch(model, val_data, runtime, names.val_name, copies)
+        check_first_batch(model, val_data, runtime, names.val_name)
     return (names.train_name if rides else None), outline
 
 
@@ -295,12 +289,11 @@ def epoch_meters(
     runtime: Runtime,
     settings: FitSettings,
     outline: Optional[StepOutline] = None,
-    copies: Optional[MetricCopies] = None,
 ) -> dict[str, EpochMeters]:
     """The train and val meters; a train_step that returns named values gets them summed instead of
     the loss and the metrics (which need predictions)."""
     device, reduce_sum = runtime.outputs_device, runtime.reduce_sum
-    copies = copies if copies is not None else MetricCopies(device)
+    copies = metric_copies_for(model, device)  # the model's, shared with the first-batch checks
     weighted = settings.weighted_metrics
     val = EpochMeters("val", model.metrics_dict, device, reduce_sum, weighted, copies=copies)
     if outline is not None and outline.values is not None:

@@ -34,7 +34,7 @@ from ..callbacks.callback_list import CallbackList
 from ..checks.first_batch import checked_first_step
 from ..devices.runtime import Runtime
 from ..settings import StepSettings
-from .meters import EpochMeters, MetricCopies
+from .meters import EpochMeters
 from .modes import train_mode
 from .protocols import TrainableModel
 from .schedulers import after_update
@@ -52,7 +52,6 @@ class FitStep:
         settings: StepSettings,
         callbacks: CallbackList,
         check_first_step: Optional[str] = None,
-        metric_copies: Optional[MetricCopies] = None,
         meters: Optional[EpochMeters] = None,
     ):
         self.model = model
@@ -74,7 +73,6 @@ class FitStep:
         # process) instead of a forward pass of their own: see checks.checked_first_step. The
         # value is what the messages call the data ("train_data", "x").
         self._check_first_step = check_first_step
-        self._metric_copies = metric_copies  # the run's, shared with its meters
         # The training meter keeps the metric copies the check updated with the first batch.
         self._adopt_metric_trial = meters.adopt if meters is not None else None
         # A train_step of the user's own may hold several nets and optimizers: every batch starts with
@@ -110,9 +108,7 @@ class FitStep:
         with _UPDATE_NOW if self.updates_now else self.runtime.strategy.no_sync(self.model.net):
             if self._check_first_step is not None:
                 name, self._check_first_step = self._check_first_step, None
-                outputs = checked_first_step(
-                    self.model, batch, self.runtime, name, self._metric_copies, self._adopt_metric_trial
-                )
+                outputs = checked_first_step(self.model, batch, self.runtime, name, self._adopt_metric_trial)
             else:
                 outputs = self.model.train_step(batch)
         if self.updates_now:
