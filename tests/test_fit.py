@@ -147,6 +147,64 @@ def test_large_outputs_reach_the_metrics_in_bounded_groups_and_stay_exact():
     assert history["val_pixel_acc"][0] == pytest.approx(by_hand, abs=1e-6)
 
 
+class TokenAccuracy(torch.nn.Module):
+    """A stateful metric over tokens, padding (-100) left out; records each update's sequence length."""
+
+    update_lengths: list = []
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("correct", torch.tensor(0.0))
+        self.register_buffer("total", torch.tensor(0.0))
+
+    def update(self, preds, labels):
+        TokenAccuracy.update_lengths.append((preds.shape[0], preds.shape[-1]))
+        real = labels != -100
+        self.correct += ((preds.argmax(1) == labels) & real).sum()
+        self.total += real.sum()
+
+    def compute(self):
+        return self.correct / self.total
+
+    def reset(self):
+        self.correct.zero_()
+        self.total.zero_()
+
+
+def test_sequence_outputs_of_several_lengths_reach_the_metrics_exactly():
+    """A token tagger's batches are padded to each batch's longest sequence, so outputs differ beyond
+    the batch dimension from batch to batch: the waiting batches cannot be concatenated as one. Each
+    run of neighbours of one length still goes to the metric as one update, and the value is exact."""
+    torch.manual_seed(0)
+    lengths = [5, 5, 5, 9, 9, 5, 7, 7]  # one length per batch of 4 sequences
+    xs = [torch.randn(4, 3, length) for length in lengths]
+    ys = [(x[:, 0] > 0).long() for x in xs]
+    for y in ys:
+        y[:, -1] = -100  # the last position of every sequence is padding
+    batches = list(zip(xs, ys))
+    net = nn.Conv1d(3, 2, 1)  # (N, 3, L) -> (N, 2, L): per-token logits, as CrossEntropyLoss takes them
+    model = kt.KerasModel(
+        net,
+        nn.CrossEntropyLoss(ignore_index=-100),
+        {"token_acc": TokenAccuracy()},
+        torch.optim.SGD(net.parameters(), lr=0.1),
+    )
+    TokenAccuracy.update_lengths.clear()
+    history = model.fit(batches, batches, epochs=1, verbose=0)
+    # The checks' trials on the first validation and training batches; then each epoch's batches in
+    # one flush: runs of one length joined (training's first batch is the trial's already).
+    assert TokenAccuracy.update_lengths == [
+        (4, 5),
+        (4, 5),
+        *[(8, 5), (8, 9), (4, 5), (8, 7)],
+        *[(12, 5), (8, 9), (4, 5), (8, 7)],
+    ]
+    with torch.no_grad():
+        correct = sum(((net(x).argmax(1) == y) & (y != -100)).sum().item() for x, y in batches)
+        total = sum((y != -100).sum().item() for _, y in batches)
+    assert history["val_token_acc"][0] == pytest.approx(correct / total, abs=1e-6)
+
+
 def test_three_metric_forms_agree(loaders, mlp):
     dl_train, dl_val = loaders
     metrics = {"tm": accuracy_metric(), "tk": TorchkerasAccuracy(), "fn": accuracy}

@@ -24,8 +24,9 @@ from .metric_sync import compute_metric, exact_sum_dtype, prepare_metric_for_pro
 
 # How many steps of outputs are held before the metrics see them, and how many output elements at
 # most: a segmentation net's outputs (8 x 21 x 512 x 512 floats, 176 MB a batch) go to the metrics
-# batch by batch instead of piling up on the device. Any read flushes earlier.
-FLUSH_EVERY = 16
+# batch by batch instead of piling up on the device. Any read flushes earlier. (A torchmetrics update
+# costs about 50 us of Python whatever its size: 64 steps to one update make it a few per epoch.)
+FLUSH_EVERY = 64
 FLUSH_ELEMENTS = 1 << 22
 
 
@@ -390,8 +391,6 @@ class EpochMeters:
                 if name not in adopted:
                     meter.update(friendly, labels, n)
             return
-        if self._pending and not _can_concatenate(self._pending[-1], preds, labels):
-            self._flush()
         self._pending.append((preds, labels, n))
         if len(self._pending) >= FLUSH_EVERY or (
             isinstance(preds, torch.Tensor) and preds.numel() * len(self._pending) >= FLUSH_ELEMENTS
@@ -416,16 +415,11 @@ class EpochMeters:
     def _flush(self) -> None:
         if not self._pending:
             return
-        if len(self._pending) == 1:
-            preds, labels, n = self._pending[0]
-        else:
-            preds = torch.cat([p for p, _, _ in self._pending])
-            labels = torch.cat([y for _, y, _ in self._pending])
-            n = sum(k for _, _, k in self._pending)
-        self._pending.clear()
-        preds = metric_friendly(preds)
-        for meter in self.meters.values():
-            meter.update(preds, labels, n)
+        pending, self._pending = self._pending, []
+        for preds, labels, n in _joined(pending):
+            preds = metric_friendly(preds)
+            for meter in self.meters.values():
+                meter.update(preds, labels, n)
 
     def state_dict(self) -> dict:
         """This process's partial sums of the epoch so far, for a training state saved mid-epoch: a
@@ -522,8 +516,48 @@ def metric_friendly(preds: Any) -> Any:
     return preds
 
 
-def _can_concatenate(previous: tuple, preds: Any, labels: Any) -> bool:
-    prev_preds, prev_labels, _ = previous
+def _joined(pending: list[tuple[Any, Any, int]]) -> list[tuple[Any, Any, int]]:
+    """The waiting batches as few metric updates as ``torch.cat`` allows: all in one (tensors of one
+    dtype, equal but for the batch dimension), else each run of such neighbours in one (sequences of
+    several lengths). Asked once per group, not at every step."""
+    if len(pending) > 1 and _of_one_kind([p for p, _, _ in pending]) and _of_one_kind([y for _, y, _ in pending]):
+        whole = _concatenated(pending)
+        if whole is not None:
+            return [whole]
+    runs: list[list[tuple[Any, Any, int]]] = []
+    for item in pending:
+        if runs and _can_concatenate(runs[-1][-1], item):
+            runs[-1].append(item)
+        else:
+            runs.append([item])
+    joined: list[tuple[Any, Any, int]] = []
+    for run in runs:
+        whole = _concatenated(run) if len(run) > 1 else None
+        joined.extend(run if whole is None else [whole])
+    return joined
+
+
+def _concatenated(items: list[tuple[Any, Any, int]]) -> Optional[tuple[Any, Any, int]]:
+    """One batch of ``items``, or None where ``torch.cat`` refuses them (shapes beyond the batch dimension
+    that differ, tensors on several devices)."""
+    try:
+        return torch.cat([p for p, _, _ in items]), torch.cat([y for _, y, _ in items]), sum(n for _, _, n in items)
+    except RuntimeError:
+        return None
+
+
+def _of_one_kind(values: list) -> bool:
+    """Tensors with a batch dimension, all of one dtype (``torch.cat`` would promote a mix silently)."""
+    first = values[0]
+    return (
+        isinstance(first, torch.Tensor)
+        and first.dim() > 0
+        and all(isinstance(v, torch.Tensor) and v.dtype == first.dtype for v in values)
+    )
+
+
+def _can_concatenate(previous: tuple, item: tuple) -> bool:
+    (prev_preds, prev_labels, _), (preds, labels, _) = previous, item
     return (
         isinstance(preds, torch.Tensor)
         and isinstance(labels, torch.Tensor)
