@@ -119,7 +119,8 @@ def test_two_processes_killed_mid_epoch_resume_exactly_and_only_as_two(tmp_path)
     assert (state["epoch"], state["batches"]) == (1, 3) and len(state["processes"]) == 2  # 6 batches a process
     # Each process's own random state and partial sums: different data, different dropout.
     first, second = state["processes"]
-    assert not torch.equal(first["meters"]["loss_sum"], second["meters"]["loss_sum"])
+    losses = [torch.stack([loss for loss, _ in p["meters"]["losses"]]) for p in (first, second)]
+    assert not torch.equal(*losses)
     code, output = run_script(tmp_path / "killed", "--devices", 2)
     assert code == 0, output
     code, output = finish(reference)
@@ -329,7 +330,10 @@ def test_a_mid_epoch_state_keeps_the_epochs_partial_sums_and_its_lr(tmp_path):
     state = load_state_file(tmp_path / "b" / "training.state")
     assert (state["epoch"], state["batches"]) == (1, 6)
     meters = state["processes"][0]["meters"]
-    assert meters["count"] == 6 * 8 and meters["loss_sum"] > 0
+    # The 6 batch losses (batches of 8), waiting to be added to loss_sum at the same batch as in a run
+    # never stopped.
+    assert meters["count"] == 6 * 8 and [n for _, n in meters["losses"]] == [8] * 6
+    assert meters["loss_sum"] + sum(loss * n for loss, n in meters["losses"]) > 0
     assert set(meters["meters"]) == {"acc"}  # the torchmetrics Accuracy's states so far
     assert state["epoch_lr"] == pytest.approx(state["history"][0]["lr"] * 0.7**3)  # 12 steps of a StepLR(4, 0.7)
     assert state["processes"][0]["data"]["pass"]["trained"] == 6

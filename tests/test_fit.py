@@ -99,6 +99,22 @@ def test_epoch_values_are_exact_over_samples_not_means_of_batch_means():
     assert history["val_loss"][0] != pytest.approx(sum(batch_means) / 3, rel=1e-6)
 
 
+def test_the_loss_of_many_batches_is_the_mean_over_samples_to_float64_precision():
+    """The batch losses reach the epoch's sum in groups (not one kernel a step): over 150 batches, a
+    short last one among them, the epoch loss is still each batch's loss times its size, summed in
+    float64, over the samples."""
+    torch.manual_seed(0)
+    x, y = torch.randn(448, 3), torch.randn(448, 1)
+    net = nn.Linear(3, 1)
+    loader = DataLoader(TensorDataset(x, y), batch_size=3)  # 149 batches of 3 and one of 1
+    model = kt.KerasModel(net, nn.MSELoss())
+    scores = model.evaluate(loader, verbose=0)
+    with torch.no_grad():
+        losses = [nn.functional.mse_loss(net(bx), by) for bx, by in loader]
+    by_hand = sum(loss.double().item() * len(by) for loss, (_, by) in zip(losses, loader)) / len(x)
+    assert scores["val_loss"] == pytest.approx(by_hand, rel=1e-12)
+
+
 class PixelAccuracy(torch.nn.Module):
     """A stateful metric; every copy of it records, in the class, how many output elements each
     update was handed."""

@@ -199,7 +199,7 @@ class TrainingState(Callback):
             return False
         meters, runtime = self.position.train_meters, getattr(self.model, "runtime", None)
         if batches and meters is not None:  # the epoch's running loss (every process's): one read, at the save only
-            loss_sum = runtime.reduce_sum(meters.loss_sum.clone()) if runtime is not None else meters.loss_sum
+            loss_sum = runtime.reduce_sum(meters.loss_total().clone()) if runtime is not None else meters.loss_total()
             return bool(torch.isfinite(loss_sum).item())
         return True
 

@@ -332,6 +332,10 @@ class EpochMeters:
         }
         self.reduce_fn = reduce_fn  # sums a tensor over processes; None in a single process
         self.loss_sum = torch.zeros((), device=device, dtype=self.sum_dtype)
+        # The batch losses not yet in loss_sum, with their batch sizes: added FLUSH_EVERY at a time,
+        # since a kernel per step costs more than the rest of a step's bookkeeping. Added at the same
+        # batches in every run (reads leave them be), so a resumed run adds up to the same last bit.
+        self._losses: list[tuple[torch.Tensor, int]] = []
         self.value_sums = {name: torch.zeros((), device=device, dtype=self.sum_dtype) for name in self.values or ()}
         self.count = 0
         self._pending: list[tuple[Any, Any, int]] = []
@@ -365,6 +369,7 @@ class EpochMeters:
     def reset(self) -> None:
         self._adopted.clear()
         self.loss_sum.zero_()
+        self._losses.clear()
         for total in self.value_sums.values():
             total.zero_()
         self.count = 0
@@ -378,7 +383,10 @@ class EpochMeters:
         """Add one batch. ``loss`` is the batch mean; ``weight`` the samples' weights (for
         ``weighted_metrics`` only). Nothing here waits for the device."""
         if loss is not None:
-            self.loss_sum.add_(loss.detach(), alpha=n)  # one kernel; promotes to the sum's dtype
+            self._losses.append((loss.detach(), n))
+            if len(self._losses) >= FLUSH_EVERY:
+                self.loss_sum.add_(_sum_of(self._losses, self.loss_sum))
+                self._losses.clear()
         self.count += n
         for weighted in self.weighted.values():
             weighted.update_weighted(preds, labels, n, weight)
@@ -428,6 +436,7 @@ class EpochMeters:
         last bit)."""
         return {
             "loss_sum": self.loss_sum.clone(),
+            "losses": list(self._losses),
             "value_sums": {name: total.clone() for name, total in self.value_sums.items()},
             "count": self.count,
             "pending": list(self._pending),
@@ -451,6 +460,8 @@ class EpochMeters:
                 f"The saved epoch's train_step values are {sorted(saved_values)}, this run's are {sorted(self.value_sums)}."
             )
         self.loss_sum.copy_(state["loss_sum"])
+        waiting = state.get("losses", [])  # absent from an older state
+        self._losses = [(_to(loss, self.device), n) for loss, n in waiting]
         for name, total in self.value_sums.items():
             total.copy_(saved_values[name])
         self.count = state["count"]
@@ -460,6 +471,10 @@ class EpochMeters:
         for name, meter in (*self.meters.items(), *self.weighted.items()):
             meter.load_state_dict({**state["meters"], **state["weighted"]}[name])
 
+    def loss_total(self) -> torch.Tensor:
+        """The sum of the epoch's batch losses so far, each times its batch size (on the device; no read)."""
+        return self.loss_sum + _sum_of(self._losses, self.loss_sum) if self._losses else self.loss_sum
+
     def read(self, synced: bool = True) -> dict[str, float]:
         """The epoch's values so far, as floats: one device-to-host copy.
 
@@ -467,7 +482,7 @@ class EpochMeters:
         runs on the main process alone and must not enter a collective).
         """
         self._flush()
-        sums = [self.loss_sum] if self.values is None else list(self.value_sums.values())
+        sums = [self.loss_total()] if self.values is None else list(self.value_sums.values())
         count = torch.tensor(float(self.count), device=self.device, dtype=self.sum_dtype)
         function_meters = {k: m for k, m in self.meters.items() if isinstance(m, _FunctionMeter)}
         function_meters.update(self.weighted)
@@ -490,6 +505,16 @@ class EpochMeters:
             values.append(value.detach().to(self.device, self.sum_dtype))
         floats = torch.stack(values).tolist()
         return dict(zip(self.names, floats))
+
+
+def _sum_of(losses: list[tuple[torch.Tensor, int]], like: torch.Tensor) -> torch.Tensor:
+    """Σ loss·n over the batches, with the dtype and device of ``like``: a stack and a sum per batch
+    size (nearly always one: the last batch may be shorter)."""
+    by_size: dict[int, list[torch.Tensor]] = {}
+    for loss, n in losses:
+        by_size.setdefault(n, []).append(loss)
+    parts = [torch.stack(same).to(like.device, like.dtype).sum() * n for n, same in by_size.items()]
+    return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
 
 
 def _stateful_value(meter: _StatefulMeter, name: str, synced: bool = False) -> torch.Tensor:
