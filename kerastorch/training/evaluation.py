@@ -53,7 +53,8 @@ def evaluate(model: TrainableModel, given: EvalData, settings: EvaluateSettings)
         say=model.print if settings.verbose else None
     )  # this data's first batch decides how labels are read
     params = {"epochs": 1, "steps": num_batches(data), "verbose": settings.verbose}
-    callbacks = CallbackList([*settings.callbacks, ProgressBar(verbose=settings.verbose)], model, params)
+    bar = [ProgressBar(verbose=settings.verbose)] if settings.verbose else []
+    callbacks = CallbackList([*settings.callbacks, *bar], model, params)
     if runners is not None:
         logs = RunnerEpochs(model, runners, runtime, callbacks).validate(data)
     else:

@@ -437,7 +437,8 @@ def callbacks_for_fit(
     if runtime is not None and runtime.cluster.name == "ray":  # a Ray Train worker: report each epoch to Ray
         kept_files = [training_state_path(watch.ckpt_path)] if watch.resume and watch.ckpt_path else []
         chosen.append(ray_train_report(watch.ckpt_path, kept_files, runtime.is_main_process))
-    chosen.append(ProgressBar(verbose=output.verbose))
+    if output.verbose:  # silent, a bar would only be called at every step to do nothing
+        chosen.append(ProgressBar(verbose=output.verbose))
     params = {
         "epochs": settings.epochs,
         "steps": num_batches(train_loader),
