@@ -164,6 +164,28 @@ def test_a_validation_loader_that_drops_its_last_batch_is_validated_on_every_who
 
 
 @pytest.mark.slow
+def test_a_lazy_net_sized_by_its_first_batch_trains_over_two_processes():
+    """``nn.LazyLinear`` (Keras's ``Dense(16)``): each worker sizes its copy on its first batch, before
+    the net is wrapped for the exchange of gradients; the caller gets the sized best weights, and its
+    optimizer still holds the net's parameters, so a later fit here goes on training."""
+    torch.manual_seed(0)
+    x = torch.randn(512, 8)
+    y = (x[:, 0] > 0).long()
+    dl_train = DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32, shuffle=True)
+    dl_val = DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64)
+    net = nn.Sequential(nn.LazyLinear(16), nn.ReLU(), nn.LazyLinear(2))
+    model = kt.KerasModel(net, nn.CrossEntropyLoss(), {"acc": accuracy}, torch.optim.Adam(net.parameters(), lr=1e-2))
+    history = model.fit(dl_train, dl_val, epochs=4, accelerator="cpu", devices=2, verbose=0)
+    assert net[0].weight.shape == (16, 8) and net[2].weight.shape == (2, 16)
+    assert history["val_acc"].max() > 0.9
+    assert model.evaluate(dl_val, quiet=True)["val_loss"] == pytest.approx(history["val_loss"].min(), rel=1e-6)
+    assert model.optimizer.param_groups[0]["params"][0] is net[0].weight
+    before = net[0].weight.detach().clone()
+    again = model.fit(dl_train, dl_val, epochs=1, verbose=0)
+    assert not torch.equal(before, net[0].weight) and again["val_loss"][0] < history["val_loss"].iloc[0]
+
+
+@pytest.mark.slow
 def test_an_error_in_a_worker_is_raised_in_the_caller_with_its_traceback(digits):
     dl_train, dl_val = digits
     net = small_mlp()
