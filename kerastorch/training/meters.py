@@ -432,8 +432,8 @@ class EpochMeters:
     def state_dict(self) -> dict:
         """This process's partial sums of the epoch so far, for a training state saved mid-epoch: a
         resumed run adds the rest of the epoch to them and reads the same epoch values. The batches
-        waiting for the metrics are kept as they are (flushing them early could change a float sum's
-        last bit)."""
+        waiting for the metrics, and the losses waiting for ``loss_sum``, are kept as they are (adding
+        them early could change a float sum's last bit)."""
         return {
             "loss_sum": self.loss_sum.clone(),
             "losses": list(self._losses),
