@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 from typing import Optional, Union
 
-from ..files.weights import save_weights
-from ..strategies import strategy_of
 from .base import ORDER_BEST_WEIGHTS
+from .kept_weights import KeptWeights
 from .monitor import MonitorCallback
 from .terminate_on_nan import losses_are_finite
 
@@ -44,15 +43,17 @@ class RestoreBestWeights(MonitorCallback):
     ):
         super().__init__(monitor, mode, min_delta)
         self.restore = restore
-        self.ckpt_path = ckpt_path
-        self.stale_state = stale_state  # an old run's training state, removed when this run first writes ckpt_path
+        self.kept = KeptWeights(ckpt_path, stale_state)  # the weights from before training, and the file
         self.verbose = verbose
         self.best_weights: Optional[dict] = None
-        self.initial_weights: Optional[dict] = None  # the fallback when training breaks before any best
         self.broke = False  # a NaN or infinite loss was seen
 
+    @property
+    def ckpt_path(self) -> Optional[Union[str, os.PathLike]]:
+        return self.kept.ckpt_path
+
     def on_train_begin(self, logs=None):
-        self.initial_weights = strategy_of(self.model).whole_weights(self.model.net)
+        self.kept.begin(self.model)
         self.best, self.best_epoch, self.best_weights, self.broke = None, None, None, False
 
     def on_epoch_end(self, epoch, logs=None):
@@ -62,13 +63,7 @@ class RestoreBestWeights(MonitorCallback):
             return
         if not self.watches(logs) or not self.update_best(epoch, logs):
             return
-        self.best_weights = strategy_of(self.model).whole_weights(self.model.net)
-        if self.ckpt_path and self.model.is_main_process:
-            save_weights(self.best_weights, self.ckpt_path)
-            if self.stale_state and os.path.isfile(self.stale_state):
-                # resume=False: the old run's state belongs to the weights just replaced; it would resume wrongly.
-                os.remove(self.stale_state)
-            self.stale_state = None
+        self.best_weights = self.kept.keep(self.model)
         if self.verbose:
             self.model.print(f"New best {self.monitor}={self.best:.6g} at epoch {epoch}.")
 
@@ -77,22 +72,14 @@ class RestoreBestWeights(MonitorCallback):
         # this callback from seeing that epoch.
         broke = self.broke or not losses_are_finite(logs or {})
         if self.best_weights is not None and (self.restore or broke):
-            strategy_of(self.model).load_whole_weights(self.model.net, self.best_weights)
+            self.kept.put_back(self.model, self.best_weights)
             # Said once, so a reader knows which weights the net holds now (not the last epoch's).
             if (self.params or {}).get("verbose"):
                 self.model.print(
                     f"Restored the weights of epoch {self.best_epoch} ({self.monitor} {self.best:.4f}, the best)."
                 )
-        elif (
-            self.best_weights is None
-            and self.initial_weights is not None
-            and (broke or (not logs and self.params.get("epochs")))
-        ):
-            # NaN before any best, or stopped (Ctrl-C) before the first epoch ended: never half-trained weights.
-            strategy_of(self.model).load_whole_weights(self.model.net, self.initial_weights)
-            if broke:
-                self.model.print("No epoch had a finite loss, so the weights from before training are restored.")
-        self.initial_weights = None
+        no_epoch_ended = not logs and bool(self.params.get("epochs"))  # stopped (Ctrl-C) before the first ended
+        self.kept.end(self.model, broke, nothing_kept=self.best_weights is None, no_epoch_ended=no_epoch_ended)
 
     def state_dict(self):
         return {**super().state_dict(), "best_weights": self.best_weights}

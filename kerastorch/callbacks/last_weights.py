@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 from typing import Optional, Union
 
-from ..files.weights import save_weights
-from ..strategies import strategy_of
 from .base import ORDER_BEST_WEIGHTS, Callback
+from .kept_weights import KeptWeights
 from .terminate_on_nan import losses_are_finite
 
 
@@ -27,40 +26,29 @@ class KeepLastWeights(Callback):
     order = ORDER_BEST_WEIGHTS
 
     def __init__(self, ckpt_path: Optional[Union[str, os.PathLike]] = None, stale_state: Optional[str] = None):
-        self.ckpt_path = ckpt_path
-        self.stale_state = stale_state  # an old run's training state, removed when this run first writes ckpt_path
+        self.kept = KeptWeights(ckpt_path, stale_state)  # the weights from before training, and the file
         self.last_weights: Optional[dict] = None
         self.last_epoch: Optional[int] = None
-        self.initial_weights: Optional[dict] = None
         self.broke = False
 
     def on_train_begin(self, logs=None):
-        self.initial_weights = strategy_of(self.model).whole_weights(self.model.net)
+        self.kept.begin(self.model)
         self.broke = False
 
     def on_epoch_end(self, epoch, logs=None):
         if not losses_are_finite(logs):
             self.broke = True
             return
-        self.last_weights = strategy_of(self.model).whole_weights(self.model.net)
+        self.last_weights = self.kept.keep(self.model)
         self.last_epoch = epoch
-        if self.ckpt_path and self.model.is_main_process:
-            save_weights(self.last_weights, self.ckpt_path)
-            if self.stale_state and os.path.isfile(self.stale_state):
-                os.remove(self.stale_state)  # resume=False: the old run's state belongs to other weights
-            self.stale_state = None
 
     def on_train_end(self, logs=None):
         broke = self.broke or not losses_are_finite(logs or {})
-        strategy = strategy_of(self.model)
         if broke and self.last_weights is not None:
-            strategy.load_whole_weights(self.model.net, self.last_weights)
+            self.kept.put_back(self.model, self.last_weights)
             self.model.print(f"Restored the weights of epoch {self.last_epoch}, the last one with a finite loss.")
-        elif self.initial_weights is not None and (broke or (not logs and self.params.get("epochs"))):
-            strategy.load_whole_weights(self.model.net, self.initial_weights)
-            if broke:
-                self.model.print("No epoch had a finite loss, so the weights from before training are restored.")
-        self.initial_weights = None
+        no_epoch_ended = not logs and bool(self.params.get("epochs"))  # stopped (Ctrl-C) before the first ended
+        self.kept.end(self.model, broke, nothing_kept=self.last_weights is None, no_epoch_ended=no_epoch_ended)
 
     def state_dict(self):
         return {"last_weights": self.last_weights, "last_epoch": self.last_epoch}

@@ -1,0 +1,56 @@
+"""What fit's two keepers of the net's weights share: :class:`~kerastorch.callbacks.RestoreBestWeights`
+(the best epoch's) and :class:`~kerastorch.callbacks.last_weights.KeepLastWeights` (the last finite
+epoch's, for ``monitor=None``).
+
+Both hold the weights from before training, which come back when no epoch's weights could be kept: a
+NaN or infinite loss in the first epoch, or a stop (Ctrl-C) before the first epoch ended. Both keep
+their copy in host memory and write it to ``ckpt_path``, atomically.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Union
+
+from ..files.weights import save_weights
+from ..strategies import strategy_of
+
+
+class KeptWeights:
+    """The weights from before training, and the copies kept since, with the file they go to."""
+
+    def __init__(self, ckpt_path: Optional[Union[str, os.PathLike]] = None, stale_state: Optional[str] = None):
+        self.ckpt_path = ckpt_path
+        self.stale_state = stale_state  # an old run's training state, removed when this run first writes ckpt_path
+        self.initial: Optional[dict] = None
+
+    def begin(self, model: Any) -> None:
+        """Hold the weights from before training: the fallback until an epoch's are kept."""
+        self.initial = strategy_of(model).whole_weights(model.net)
+
+    def keep(self, model: Any) -> dict:
+        """A copy of the net's weights in host memory, written to ``ckpt_path`` (by the main process)."""
+        weights = strategy_of(model).whole_weights(model.net)
+        if self.ckpt_path and model.is_main_process:
+            save_weights(weights, self.ckpt_path)
+            if self.stale_state and os.path.isfile(self.stale_state):
+                # resume=False: the old run's state belongs to the weights just replaced; it would resume wrongly.
+                os.remove(self.stale_state)
+            self.stale_state = None
+        return weights
+
+    def put_back(self, model: Any, weights: dict) -> None:
+        strategy_of(model).load_whole_weights(model.net, weights)
+
+    def end(self, model: Any, broke: bool, nothing_kept: bool, no_epoch_ended: bool) -> None:
+        """When training ends with nothing kept: after a NaN (``broke``), or stopped before any epoch
+        ended, the weights from before training come back, never half-trained or NaN ones. They are
+        let go either way."""
+        initial, self.initial = self.initial, None
+        if nothing_kept and initial is not None and (broke or no_epoch_ended):
+            self.put_back(model, initial)
+            if broke:
+                model.print("No epoch had a finite loss, so the weights from before training are restored.")
+
+
+__all__ = ["KeptWeights"]
