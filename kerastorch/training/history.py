@@ -44,7 +44,7 @@ def history_frame(rows: list[dict], columns: Optional[list[str]] = None) -> pd.D
         data[name] = np.array(values, dtype=np.float64) if all(type(v) is float for v in values) else values
     if "epoch" in data:
         data["epoch"] = np.array([int(epoch) for epoch in data["epoch"]], dtype=np.int64)
-    return pd.DataFrame(data)
+    return pd.DataFrame(data, copy=False)  # the arrays are new and nobody else holds them: no copy
 
 
 __all__ = ["history_columns", "history_frame"]
