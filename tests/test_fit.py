@@ -115,21 +115,13 @@ def test_the_loss_of_many_batches_is_the_mean_over_samples_to_float64_precision(
     assert scores["val_loss"] == pytest.approx(by_hand, rel=1e-12)
 
 
-class PixelAccuracy(torch.nn.Module):
-    """A stateful metric; every copy of it records, in the class, how many output elements each
-    update was handed."""
-
-    update_sizes: list = []  # on the class: the run's copies of the metric all add to it
+class CorrectOverTotal(torch.nn.Module):
+    """A stateful metric's state and value: counts in buffers, their ratio; subclasses count in ``update``."""
 
     def __init__(self):
         super().__init__()
         self.register_buffer("correct", torch.tensor(0.0))
         self.register_buffer("total", torch.tensor(0.0))
-
-    def update(self, preds, labels):
-        PixelAccuracy.update_sizes.append(preds.numel())
-        self.correct += (preds.argmax(1) == labels).sum()
-        self.total += labels.numel()
 
     def compute(self):
         return self.correct / self.total
@@ -137,6 +129,17 @@ class PixelAccuracy(torch.nn.Module):
     def reset(self):
         self.correct.zero_()
         self.total.zero_()
+
+
+class PixelAccuracy(CorrectOverTotal):
+    """Every copy of it records, in the class, how many output elements each update was handed."""
+
+    update_sizes: list = []  # on the class: the run's copies of the metric all add to it
+
+    def update(self, preds, labels):
+        PixelAccuracy.update_sizes.append(preds.numel())
+        self.correct += (preds.argmax(1) == labels).sum()
+        self.total += labels.numel()
 
 
 def test_large_outputs_reach_the_metrics_in_bounded_groups_and_stay_exact():
@@ -163,28 +166,17 @@ def test_large_outputs_reach_the_metrics_in_bounded_groups_and_stay_exact():
     assert history["val_pixel_acc"][0] == pytest.approx(by_hand, abs=1e-6)
 
 
-class TokenAccuracy(torch.nn.Module):
-    """A stateful metric over tokens, padding (-100) left out; records each update's sequence length."""
+class TokenAccuracy(CorrectOverTotal):
+    """Over tokens, padding (-100) left out; every copy records, in the class, each update's batch and
+    sequence length."""
 
     update_lengths: list = []
-
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("correct", torch.tensor(0.0))
-        self.register_buffer("total", torch.tensor(0.0))
 
     def update(self, preds, labels):
         TokenAccuracy.update_lengths.append((preds.shape[0], preds.shape[-1]))
         real = labels != -100
         self.correct += ((preds.argmax(1) == labels) & real).sum()
         self.total += real.sum()
-
-    def compute(self):
-        return self.correct / self.total
-
-    def reset(self):
-        self.correct.zero_()
-        self.total.zero_()
 
 
 def test_sequence_outputs_of_several_lengths_reach_the_metrics_exactly():
