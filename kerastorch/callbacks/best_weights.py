@@ -78,8 +78,7 @@ class RestoreBestWeights(MonitorCallback):
                 self.model.print(
                     f"Restored the weights of epoch {self.best_epoch} ({self.monitor} {self.best:.4f}, the best)."
                 )
-        no_epoch_ended = not logs and bool(self.params.get("epochs"))  # stopped (Ctrl-C) before the first ended
-        self.kept.end(self.model, broke, nothing_kept=self.best_weights is None, no_epoch_ended=no_epoch_ended)
+        self.kept.end(self.model, logs, self.params, broke, nothing_kept=self.best_weights is None)
 
     def state_dict(self):
         return {**super().state_dict(), "best_weights": self.best_weights}

@@ -42,11 +42,12 @@ class KeptWeights:
     def put_back(self, model: Any, weights: dict) -> None:
         strategy_of(model).load_whole_weights(model.net, weights)
 
-    def end(self, model: Any, broke: bool, nothing_kept: bool, no_epoch_ended: bool) -> None:
-        """When training ends with nothing kept: after a NaN (``broke``), or stopped before any epoch
-        ended, the weights from before training come back, never half-trained or NaN ones. They are
-        let go either way."""
+    def end(self, model: Any, logs: Optional[dict], params: dict, broke: bool, nothing_kept: bool) -> None:
+        """When training ends with nothing kept: after a NaN (``broke``), or stopped (Ctrl-C) before any
+        epoch ended (no ``logs``), the weights from before training come back, never half-trained or NaN
+        ones. They are let go either way."""
         initial, self.initial = self.initial, None
+        no_epoch_ended = not logs and bool(params.get("epochs"))
         if nothing_kept and initial is not None and (broke or no_epoch_ended):
             self.put_back(model, initial)
             if broke:

@@ -47,8 +47,7 @@ class KeepLastWeights(Callback):
         if broke and self.last_weights is not None:
             self.kept.put_back(self.model, self.last_weights)
             self.model.print(f"Restored the weights of epoch {self.last_epoch}, the last one with a finite loss.")
-        no_epoch_ended = not logs and bool(self.params.get("epochs"))  # stopped (Ctrl-C) before the first ended
-        self.kept.end(self.model, broke, nothing_kept=self.last_weights is None, no_epoch_ended=no_epoch_ended)
+        self.kept.end(self.model, logs, self.params, broke, nothing_kept=self.last_weights is None)
 
     def state_dict(self):
         return {"last_weights": self.last_weights, "last_epoch": self.last_epoch}
