@@ -52,6 +52,42 @@ def test_restored_weights_are_the_best_epochs(loaders, mlp):
     assert scores["val_acc"] == pytest.approx(best["val_acc"], rel=1e-6)
 
 
+class WatchKeptCopies(kt.Callback):
+    """After the keepers of weights (order 0 > theirs): where each epoch's kept copy lives, and the net's
+    weights at that epoch."""
+
+    def __init__(self, kept_copy):
+        self.kept_copy = kept_copy  # callback -> the copy its keeper holds now
+        self.addresses, self.weights = [], []
+
+    def on_epoch_end(self, epoch, logs=None):
+        copy = self.kept_copy(self)
+        self.addresses.append({k: v.data_ptr() for k, v in copy.items()})
+        self.weights.append({k: v.detach().clone() for k, v in self.model.net.state_dict().items()})
+        assert all(torch.equal(copy[k], w) for k, w in self.weights[-1].items())  # the copy is this epoch's
+
+
+@pytest.mark.parametrize("keeper", ["fit", "EarlyStopping(restore_best_weights=True)"])
+def test_each_better_epoch_is_written_over_the_one_host_copy_and_the_best_comes_back(loaders, mlp, keeper):
+    dl_train, dl_val = loaders
+    model = kt.KerasModel(mlp, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(mlp.parameters(), lr=1e-2))
+    if keeper == "fit":
+        watch = WatchKeptCopies(lambda cb: cb.params["best"].best_weights)
+        callbacks = [watch]
+    else:
+        stopper = kt.callbacks.EarlyStopping(monitor="train_loss", patience=10, restore_best_weights=True)
+        watch = WatchKeptCopies(lambda cb: stopper.best_weights)
+        callbacks = [stopper, watch]
+    # The training loss falls every epoch: each epoch is the best so far, and its weights are kept.
+    history = model.fit(dl_train, dl_val, epochs=4, monitor="train_loss", patience=None, callbacks=callbacks, verbose=0)
+
+    assert history["train_loss"].is_monotonic_decreasing
+    # One copy in host memory, written over at each better epoch: never a new one beside the old.
+    assert all(addresses == watch.addresses[0] for addresses in watch.addresses[1:])
+    # What comes back is the last copy's values: the best (last) epoch's weights.
+    assert all(torch.equal(v, watch.weights[-1][k]) for k, v in mlp.state_dict().items())
+
+
 def test_early_stopping_stops_exactly_patience_epochs_after_the_best(loaders, mlp):
     dl_train, dl_val = loaders
     model = kt.KerasModel(mlp, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(mlp.parameters(), lr=1e-2))

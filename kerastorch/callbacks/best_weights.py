@@ -63,6 +63,7 @@ class RestoreBestWeights(MonitorCallback):
             return
         if not self.watches(logs) or not self.update_best(epoch, logs):
             return
+        self.best_weights = None  # the new copy is written over it (see KeptWeights.keep)
         self.best_weights = self.kept.keep(self.model)
         if self.verbose:
             self.model.print(f"New best {self.monitor}={self.best:.6g} at epoch {epoch}.")

@@ -114,7 +114,9 @@ class EarlyStopping(MonitorCallback):
         self.wait += 1
         if self.update_best(epoch, logs):
             if self.restore_best_weights:
-                self.best_weights = strategy_of(self.model).whole_weights(self.model.net)
+                # Written over the previous best copy, let go of first: stopped halfway, the net holds the new best.
+                previous, self.best_weights = self.best_weights, None
+                self.best_weights = strategy_of(self.model).whole_weights(self.model.net, into=previous)
             if self.baseline is None or improves(self.best, self.baseline, self.mode, self.min_delta):
                 self.wait = 0
             return

@@ -5,6 +5,9 @@ epoch's, for ``monitor=None``).
 Both hold the weights from before training, which come back when no epoch's weights could be kept: a
 NaN or infinite loss in the first epoch, or a stop (Ctrl-C) before the first epoch ended. Both keep
 their copy in host memory and write it to ``ckpt_path``, atomically.
+
+A run holds one copy of the net in host memory, however many epochs it keeps: each kept epoch's
+weights are written over the copy they replace (the weights from before training, for the first).
 """
 
 from __future__ import annotations
@@ -23,14 +26,21 @@ class KeptWeights:
         self.ckpt_path = ckpt_path
         self.stale_state = stale_state  # an old run's training state, removed when this run first writes ckpt_path
         self.initial: Optional[dict] = None
+        self._latest: Optional[dict] = None  # the last copy made: the next one is written over it
 
     def begin(self, model: Any) -> None:
         """Hold the weights from before training: the fallback until an epoch's are kept."""
-        self.initial = strategy_of(model).whole_weights(model.net)
+        self.initial = self._latest = strategy_of(model).whole_weights(model.net)
 
     def keep(self, model: Any) -> dict:
-        """A copy of the net's weights in host memory, written to ``ckpt_path`` (by the main process)."""
-        weights = strategy_of(model).whole_weights(model.net)
+        """A copy of the net's weights in host memory, written to ``ckpt_path`` (by the main process).
+
+        It is written over the previous copy, which its holder must let go of first (``self.best =
+        None`` before ``self.best = kept.keep(model)``): stopped halfway (Ctrl-C), the holder has no
+        copy, and the net holds the weights that were being kept. The epoch they belong to has ended,
+        so the weights from before training are no fallback any more."""
+        previous, self._latest, self.initial = self._latest, None, None
+        weights = self._latest = strategy_of(model).whole_weights(model.net, into=previous)
         if self.ckpt_path and model.is_main_process:
             save_weights(weights, self.ckpt_path)
             if self.stale_state and os.path.isfile(self.stale_state):
@@ -46,7 +56,7 @@ class KeptWeights:
         """When training ends with nothing kept: after a NaN (``broke``), or stopped (Ctrl-C) before any
         epoch ended (no ``logs``), the weights from before training come back, never half-trained or NaN
         ones. They are let go either way."""
-        initial, self.initial = self.initial, None
+        initial, self.initial, self._latest = self.initial, None, None
         no_epoch_ended = not logs and bool(params.get("epochs"))
         if nothing_kept and initial is not None and (broke or no_epoch_ended):
             self.put_back(model, initial)

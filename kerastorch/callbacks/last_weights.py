@@ -39,6 +39,7 @@ class KeepLastWeights(Callback):
         if not losses_are_finite(logs):
             self.broke = True
             return
+        self.last_weights = None  # the new copy is written over it (see KeptWeights.keep)
         self.last_weights = self.kept.keep(self.model)
         self.last_epoch = epoch
 

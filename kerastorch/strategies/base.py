@@ -65,9 +65,10 @@ class Strategy:
     def finish_accumulation(self, net: nn.Module, runtime: Any) -> None:
         """A group whose batches all ran under :meth:`no_sync`: exchange its gradients now."""
 
-    def whole_weights(self, net: nn.Module) -> dict[str, torch.Tensor]:
-        """The net's whole weights in host memory, under the net's own keys."""
-        return cpu_state_dict(net)
+    def whole_weights(self, net: nn.Module, into: Optional[dict[str, torch.Tensor]] = None) -> dict[str, torch.Tensor]:
+        """The net's whole weights in host memory, under the net's own keys; written over the tensors of
+        ``into`` (an earlier copy that nobody needs any more) where they fit (see :func:`cpu_state_dict`)."""
+        return cpu_state_dict(net, into)
 
     def load_whole_weights(self, net: nn.Module, state: dict[str, torch.Tensor]) -> None:
         """Load whole weights (as :meth:`whole_weights` gives them) into the net."""
@@ -125,10 +126,23 @@ def unwrap(net: nn.Module) -> nn.Module:
             return net
 
 
-def cpu_state_dict(net: nn.Module) -> dict[str, torch.Tensor]:
+def cpu_state_dict(net: nn.Module, into: Optional[dict[str, torch.Tensor]] = None) -> dict[str, torch.Tensor]:
     """A copy of the bare net's weights in host memory (keys without ``module.``): the whole
-    weights of a net each process holds whole."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in unwrap(net).state_dict().items()}
+    weights of a net each process holds whole.
+
+    ``into``: an earlier copy, of no more use to anyone, whose tensors are written over where a key's
+    shape and dtype still match. Copying into host memory already in use is several times faster than
+    into new memory for a large net (whose every page the system must first hand out), and a run
+    that keeps a copy per better epoch holds one copy, not two at each change.
+    """
+    copied = {}
+    for key, value in unwrap(net).state_dict().items():
+        old = into.get(key) if into is not None else None
+        if old is not None and old.device.type == "cpu" and old.shape == value.shape and old.dtype == value.dtype:
+            copied[key] = old.copy_(value.detach())
+        else:
+            copied[key] = value.detach().to("cpu", copy=True)
+    return copied
 
 
 __all__ = ["Strategy", "cpu_state_dict", "foreign_parameters", "refuse_foreign_parameters", "unwrap"]

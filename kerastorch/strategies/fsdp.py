@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Iterator
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import nn
@@ -94,8 +94,9 @@ class FSDP(Strategy):
             with sharded_training(model, runtime.precision, tuple(self.wrap)):
                 yield train_loader, val_loader
 
-    def whole_weights(self, net: nn.Module) -> dict[str, torch.Tensor]:
-        """The whole weights, gathered from every process's shard: every process calls it, at the same point."""
+    def whole_weights(self, net: nn.Module, into: Optional[dict[str, torch.Tensor]] = None) -> dict[str, torch.Tensor]:
+        """The whole weights, gathered from every process's shard: every process calls it, at the same point.
+        (Gathered into new tensors: ``into`` is not used.)"""
         from .fsdp_engine import whole_state_dict
 
         return whole_state_dict(net)
