@@ -110,6 +110,38 @@ def test_best_weights_are_written_to_ckpt_path_and_load_into_a_fresh_model(loade
     assert fresh.evaluate(dl_val, quiet=True)["val_acc"] == pytest.approx(history["val_acc"].max())
 
 
+class TiedTagger(nn.Module):
+    """Token ids in, a score per vocabulary entry out, the output layer's weights tied to the embedding's."""
+
+    def __init__(self, vocabulary=12, width=8):
+        super().__init__()
+        self.embed = nn.Embedding(vocabulary, width)
+        self.head = nn.Linear(width, vocabulary, bias=False)
+        self.head.weight = self.embed.weight  # one tensor under two names in the state dict
+
+    def forward(self, tokens):
+        return self.head(torch.tanh(self.embed(tokens)))
+
+
+@pytest.mark.parametrize("name", ["best.safetensors", "best.pt"])
+def test_tied_weights_are_written_to_ckpt_path_and_by_save_ckpt_and_load_back(tmp_path, name):
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 12, (96,))
+    loader = DataLoader(TensorDataset(tokens, (tokens + 1) % 12), batch_size=32)  # learn the next id
+    net = TiedTagger()
+    model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=0.05))
+    history = model.fit(loader, loader, epochs=5, ckpt_path=tmp_path / name, verbose=0)
+    model.save_ckpt(tmp_path / f"saved_{name}")
+    assert history["val_loss"].min() < history["val_loss"].iloc[0]
+
+    for path in (tmp_path / name, tmp_path / f"saved_{name}"):
+        fresh = kt.KerasModel(TiedTagger(), nn.CrossEntropyLoss())
+        fresh.load_ckpt(path)
+        assert fresh.net.head.weight is fresh.net.embed.weight  # still tied
+        assert torch.equal(fresh.net.embed.weight, net.embed.weight)  # the best epoch's, which the net holds
+        assert fresh.evaluate(loader, quiet=True)["val_loss"] == pytest.approx(history["val_loss"].min(), rel=1e-6)
+
+
 def test_epoch_values_are_exact_over_samples_not_means_of_batch_means():
     torch.manual_seed(0)
     x, y = torch.randn(10, 3), torch.randn(10, 1)

@@ -41,12 +41,39 @@ def save_weights(state_dict: dict[str, torch.Tensor], path: str | os.PathLike) -
     """Write a state dict atomically: torch's format (a plain dict of tensors, which
     ``torch.load(path, weights_only=True)`` reads) for ``.pt`` / ``.pth`` / ``.ckpt`` / ``.bin``
     or no extension, safetensors for anything else (``.safetensors``)."""
-    # safetensors refuses tensors that share memory (tied weights); separate copies load back the same.
-    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
+    tensors = standalone_tensors(state_dict)
     if writes_torch_format(path):
         atomic_write(path, lambda tmp: torch.save(tensors, tmp))
     else:
         atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt", "writer": "kerastorch"}))
+
+
+def standalone_tensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors in host memory, each alone in its memory: safetensors refuses tensors that share
+    memory (tied weights), and torch's format would write the whole of the memory a view looks into.
+    Only those are copied (separate copies load back the same); a tensor alone in its memory already
+    (a kept copy of the weights, a net's own parameter) is written as it is, with no copy of a net's
+    size made for each file.
+
+    >>> w = torch.ones(2, 2)
+    >>> out = standalone_tensors({"a": w, "b": w, "c": w[0]})
+    >>> [out[k].data_ptr() == w.data_ptr() for k in "abc"], out["c"].untyped_storage().nbytes()
+    ([True, False, False], 8)
+    """
+    standalone: dict[str, torch.Tensor] = {}
+    memory_seen: set[int] = set()
+    for key, value in state_dict.items():
+        value = value.detach().to("cpu")
+        memory = value.untyped_storage()
+        alone = (
+            value.is_contiguous()
+            and value.storage_offset() == 0
+            and memory.nbytes() == value.numel() * value.element_size()
+            and memory.data_ptr() not in memory_seen
+        )
+        standalone[key] = value if alone else value.contiguous().clone()
+        memory_seen.add(memory.data_ptr())
+    return standalone
 
 
 def _is_safetensors(path: str) -> bool:
