@@ -45,16 +45,20 @@ class RestoreBestWeights(MonitorCallback):
         self.restore = restore
         self.kept = KeptWeights(ckpt_path, stale_state)  # the weights from before training, and the file
         self.verbose = verbose
-        self.best_weights: Optional[dict] = None
         self.broke = False  # a NaN or infinite loss was seen
 
     @property
     def ckpt_path(self) -> Optional[Union[str, os.PathLike]]:
         return self.kept.ckpt_path
 
+    @property
+    def best_weights(self) -> Optional[dict]:
+        """The best epoch's weights, in host memory (None until an epoch is kept)."""
+        return self.kept.weights
+
     def on_train_begin(self, logs=None):
         self.kept.begin(self.model)
-        self.best, self.best_epoch, self.best_weights, self.broke = None, None, None, False
+        self.best, self.best_epoch, self.broke = None, None, False
 
     def on_epoch_end(self, epoch, logs=None):
         # An epoch with a NaN or infinite loss is never the best, whatever the monitored metric says.
@@ -63,8 +67,7 @@ class RestoreBestWeights(MonitorCallback):
             return
         if not self.watches(logs) or not self.update_best(epoch, logs):
             return
-        self.best_weights = None  # the new copy is written over it (see KeptWeights.keep)
-        self.best_weights = self.kept.keep(self.model)
+        self.kept.keep(self.model)
         if self.verbose:
             self.model.print(f"New best {self.monitor}={self.best:.6g} at epoch {epoch}.")
 
@@ -79,14 +82,14 @@ class RestoreBestWeights(MonitorCallback):
                 self.model.print(
                     f"Restored the weights of epoch {self.best_epoch} ({self.monitor} {self.best:.4f}, the best)."
                 )
-        self.kept.end(self.model, logs, self.params, broke, nothing_kept=self.best_weights is None)
+        self.kept.end(self.model, logs, self.params, broke)
 
     def state_dict(self):
         return {**super().state_dict(), "best_weights": self.best_weights}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        self.best_weights = state["best_weights"]
+        self.kept.weights = state["best_weights"]
 
 
 __all__ = ["RestoreBestWeights"]

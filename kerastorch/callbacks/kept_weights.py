@@ -20,45 +20,46 @@ from ..strategies import strategy_of
 
 
 class KeptWeights:
-    """The weights from before training, and the copies kept since, with the file they go to."""
+    """The weights from before training, and the copy kept since, with the file they go to."""
 
     def __init__(self, ckpt_path: Optional[Union[str, os.PathLike]] = None, stale_state: Optional[str] = None):
         self.ckpt_path = ckpt_path
         self.stale_state = stale_state  # an old run's training state, removed when this run first writes ckpt_path
         self.initial: Optional[dict] = None
-        self._latest: Optional[dict] = None  # the last copy made: the next one is written over it
+        self.weights: Optional[dict] = None  # the last epoch's weights kept (None: none yet)
 
     def begin(self, model: Any) -> None:
         """Hold the weights from before training: the fallback until an epoch's are kept."""
-        self.initial = self._latest = strategy_of(model).whole_weights(model.net)
+        self.initial, self.weights = strategy_of(model).whole_weights(model.net), None
 
-    def keep(self, model: Any) -> dict:
-        """A copy of the net's weights in host memory, written to ``ckpt_path`` (by the main process).
+    def keep(self, model: Any) -> None:
+        """Keep a copy of the net's weights in host memory (``weights``), written to ``ckpt_path`` (by
+        the main process).
 
-        It is written over the previous copy, which its holder must let go of first (``self.best =
-        None`` before ``self.best = kept.keep(model)``): stopped halfway (Ctrl-C), the holder has no
-        copy, and the net holds the weights that were being kept. The epoch they belong to has ended,
-        so the weights from before training are no fallback any more."""
-        previous, self._latest, self.initial = self._latest, None, None
-        weights = self._latest = strategy_of(model).whole_weights(model.net, into=previous)
+        It is written over the previous copy (the weights from before training, for the first), which
+        is let go of first: stopped halfway (Ctrl-C), no copy is kept, and the net holds the weights
+        that were being kept. The epoch they belong to has ended, so the weights from before training
+        are no fallback any more."""
+        previous = self.weights if self.weights is not None else self.initial
+        self.weights = self.initial = None
+        self.weights = strategy_of(model).whole_weights(model.net, into=previous)
         if self.ckpt_path and model.is_main_process:
-            save_weights(weights, self.ckpt_path)
+            save_weights(self.weights, self.ckpt_path)
             if self.stale_state and os.path.isfile(self.stale_state):
                 # resume=False: the old run's state belongs to the weights just replaced; it would resume wrongly.
                 os.remove(self.stale_state)
             self.stale_state = None
-        return weights
 
     def put_back(self, model: Any, weights: dict) -> None:
         strategy_of(model).load_whole_weights(model.net, weights)
 
-    def end(self, model: Any, logs: Optional[dict], params: dict, broke: bool, nothing_kept: bool) -> None:
-        """When training ends with nothing kept: after a NaN (``broke``), or stopped (Ctrl-C) before any
-        epoch ended (no ``logs``), the weights from before training come back, never half-trained or NaN
-        ones. They are let go either way."""
-        initial, self.initial, self._latest = self.initial, None, None
+    def end(self, model: Any, logs: Optional[dict], params: dict, broke: bool) -> None:
+        """When training ends with no epoch's weights kept: after a NaN (``broke``), or stopped (Ctrl-C)
+        before any epoch ended (no ``logs``), the weights from before training come back, never
+        half-trained or NaN ones. They are let go either way."""
+        initial, self.initial = self.initial, None
         no_epoch_ended = not logs and bool(params.get("epochs"))
-        if nothing_kept and initial is not None and (broke or no_epoch_ended):
+        if self.weights is None and initial is not None and (broke or no_epoch_ended):
             self.put_back(model, initial)
             if broke:
                 model.print("No epoch had a finite loss, so the weights from before training are restored.")

@@ -27,9 +27,13 @@ class KeepLastWeights(Callback):
 
     def __init__(self, ckpt_path: Optional[Union[str, os.PathLike]] = None, stale_state: Optional[str] = None):
         self.kept = KeptWeights(ckpt_path, stale_state)  # the weights from before training, and the file
-        self.last_weights: Optional[dict] = None
         self.last_epoch: Optional[int] = None
         self.broke = False
+
+    @property
+    def last_weights(self) -> Optional[dict]:
+        """The last finite epoch's weights, in host memory (None until an epoch is kept)."""
+        return self.kept.weights
 
     def on_train_begin(self, logs=None):
         self.kept.begin(self.model)
@@ -39,8 +43,7 @@ class KeepLastWeights(Callback):
         if not losses_are_finite(logs):
             self.broke = True
             return
-        self.last_weights = None  # the new copy is written over it (see KeptWeights.keep)
-        self.last_weights = self.kept.keep(self.model)
+        self.kept.keep(self.model)
         self.last_epoch = epoch
 
     def on_train_end(self, logs=None):
@@ -48,13 +51,13 @@ class KeepLastWeights(Callback):
         if broke and self.last_weights is not None:
             self.kept.put_back(self.model, self.last_weights)
             self.model.print(f"Restored the weights of epoch {self.last_epoch}, the last one with a finite loss.")
-        self.kept.end(self.model, logs, self.params, broke, nothing_kept=self.last_weights is None)
+        self.kept.end(self.model, logs, self.params, broke)
 
     def state_dict(self):
         return {"last_weights": self.last_weights, "last_epoch": self.last_epoch}
 
     def load_state_dict(self, state):
-        self.last_weights, self.last_epoch = state["last_weights"], state["last_epoch"]
+        self.kept.weights, self.last_epoch = state["last_weights"], state["last_epoch"]
 
 
 __all__ = ["KeepLastWeights"]
