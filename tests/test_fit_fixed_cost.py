@@ -1,8 +1,9 @@
 """What a fit call spares itself (benchmarks/peers.py's ``startup`` workload measures it), each
 shown not to change what the run gives: no accelerate ``Accelerator`` for a run alone on the CPU
 unless something asks for one, two copies of each metric in a model's first fit (instead of four)
-and none in its later runs, no ``.to`` for a net already on its device and dtype, and a history
-frame built from whole columns."""
+and none in its later runs, no ``.to`` for a net already on its device and dtype, a history
+frame built from whole columns with column labels made once, and no second fetch of the
+validation batch the checks before training fetched."""
 
 from __future__ import annotations
 
@@ -172,3 +173,83 @@ def test_a_net_already_in_place_is_not_moved_and_one_in_another_dtype_is(monkeyp
         history = model.fit(train, val, epochs=1, verbose=0)
     assert model.net in moved and {p.dtype for p in model.net.parameters()} == {torch.float32}
     assert history["train_loss"].notna().all()
+
+
+def test_renaming_one_historys_columns_leaves_the_next_historys_alone():
+    rows = [{"epoch": 1, "train_loss": 0.5}]
+    first = history_frame(rows, ["epoch", "train_loss"])
+    first.columns.name = "values"
+    assert history_frame(rows, ["epoch", "train_loss"]).columns.name is None
+
+
+class CountedReads(TensorDataset):
+    """A TensorDataset that counts its reads."""
+
+    def __init__(self, *tensors):
+        super().__init__(*tensors)
+        self.reads = 0
+
+    def __getitem__(self, index):
+        self.reads += 1
+        return super().__getitem__(index)
+
+
+class HalvesInPlace(nn.Module):
+    """A net that writes into its input (x /= 2, as some nets scale images)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.linear(x.div_(2))
+
+
+def first_pass_run(net_class, workers, validation_steps=None):
+    """Two epochs on shuffled data; the validation loader (96 samples) has ``workers``. Returns the
+    history, torch's random state and the weights afterwards, and the validation samples read."""
+    kt.seed_everything(0)
+    train, val = loaders(n=96, batch_size=16)
+    val_set = CountedReads(*val.dataset.tensors)
+    net = nn.Sequential(nn.Dropout(0.3), net_class()) if net_class is HalvesInPlace else net_class()
+    model = kt.KerasModel(
+        net,
+        nn.CrossEntropyLoss(),
+        {"acc": torchmetrics.Accuracy(task="multiclass", num_classes=2)},
+        torch.optim.SGD(net.parameters(), lr=0.1),
+    )
+    dl_train = DataLoader(train.dataset, batch_size=16, shuffle=True)
+    dl_val = DataLoader(val_set, batch_size=32, num_workers=workers)
+    history = model.fit(dl_train, dl_val, epochs=2, verbose=0, validation_steps=validation_steps)
+    return history, torch.random.get_rng_state(), net.state_dict(), val_set.reads
+
+
+class WithDropout(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.3), nn.ReLU(), nn.Linear(16, 2))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+@pytest.mark.parametrize("validation_steps", [None, 2], ids=["whole", "validation_steps=2"])
+def test_the_first_validation_goes_on_with_the_checked_batch_and_the_run_is_unchanged(validation_steps):
+    # The checks before training fetch the first validation batch; the first validation goes on with
+    # that pass instead of fetching the batch again. With a worker process the pass is not kept:
+    # the same run, the batch fetched twice.
+    kept = first_pass_run(WithDropout, workers=0, validation_steps=validation_steps)
+    apart = first_pass_run(WithDropout, workers=1, validation_steps=validation_steps)
+    pd.testing.assert_frame_equal(kept[0], apart[0], check_exact=True)
+    assert torch.equal(kept[1], apart[1])  # the same random numbers drawn, to the last one
+    assert all(torch.equal(kept[2][k], apart[2][k]) for k in kept[2])
+    per_epoch = 96 if validation_steps is None else 2 * 32
+    assert kept[3] == 2 * per_epoch  # each sample read once an epoch: the checked batch is not read again
+
+
+def test_a_batch_the_checks_changed_in_place_is_fetched_again():
+    # The net halves its input in place: the checked batch is not the loader's any more.
+    kept = first_pass_run(HalvesInPlace, workers=0)
+    apart = first_pass_run(HalvesInPlace, workers=1)
+    pd.testing.assert_frame_equal(kept[0], apart[0], check_exact=True)
+    assert kept[3] == 2 * 96 + 32  # the first batch read again for the first validation

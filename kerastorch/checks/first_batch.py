@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 import torch
 
 from ..data.batches import BatchError, describe_batch, describe_reading, unpack
-from ..data.peek import NoBatchesError, dry_run_first_batch, first_batch
+from ..data.peek import FirstPass, NoBatchesError, dry_run_first_pass, first_batch
 from ..settings import MonitorSettings
 from ..tools.snapshot import training_snapshot
 from ..training.history import history_columns
@@ -61,10 +61,13 @@ def broadcast_mismatch(loss_fn: Any, preds: Any, labels: Any) -> Optional[str]:
     )
 
 
-def check_first_batch(model: Any, data: Any, runtime: Any, name: str) -> None:
+def check_first_batch(model: Any, data: Any, runtime: Any, name: str) -> Optional[FirstPass]:
     """Run the first batch through the net, the loss and copies of the metrics, in eval mode and
     without gradients, so a wrong batch layout, a net/loss mismatch or a metric that does not
-    fit the outputs fails before any weight changes. ``name`` is what the user called the data."""
+    fit the outputs fails before any weight changes. ``name`` is what the user called the data.
+
+    Returns the pass over ``data`` that the batch began, when it can be the next pass over it
+    (:class:`~kerastorch.data.peek.FirstPass`): the first validation then does not fetch it again."""
     seen: dict = {}
 
     def forward(batch: Any) -> Any:
@@ -73,12 +76,13 @@ def check_first_batch(model: Any, data: Any, runtime: Any, name: str) -> None:
             return model.forward_batch(runtime.to_device(batch))
 
     try:
-        loss, preds, labels = dry_run_first_batch(model.net, data, name, forward)
+        (loss, preds, labels), kept = dry_run_first_pass(model.net, data, name, forward)
     except (BatchError, NoBatchesError, NoLossError):
         raise
     except Exception as error:
         raise _wrapped(error, name, _first_batch_hint(model, seen.get("batch"))) from error
     check_first_outputs(model, loss, preds, labels, runtime, name)
+    return kept
 
 
 def checked_first_step(

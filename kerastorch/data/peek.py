@@ -4,12 +4,15 @@ batch run through a function with the data order and the net's mode left as they
 from __future__ import annotations
 
 import contextlib
+import itertools
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import torch
+from torch.utils._pytree import tree_flatten
+from torch.utils.data import DataLoader
 
 from ..training.modes import eval_mode
-from ..training.rng import data_order_generators
+from ..training.rng import data_generators, data_order_generators, host_random_states
 
 T = TypeVar("T")
 
@@ -30,20 +33,33 @@ def num_batches(data: Any) -> Optional[int]:
         return None
 
 
+class RandomStates:
+    """The random states a loader's data order draws from: torch's global generator and every
+    generator the loader, its sampler or batch sampler hold (a ``WeightedRandomSampler(generator=g)``
+    too), read and written together."""
+
+    def __init__(self, loader: Any):
+        self.generators = data_order_generators(loader)
+
+    def read(self) -> list[torch.Tensor]:
+        return [torch.random.get_rng_state(), *(g.get_state() for g in self.generators)]
+
+    def write(self, states: list[torch.Tensor]) -> None:
+        torch.random.set_rng_state(states[0])
+        for generator, state in zip(self.generators, states[1:]):
+            generator.set_state(state)
+
+
 @contextlib.contextmanager
 def rng_untouched(loader: Any) -> Iterator[None]:
-    """Peeking at a batch must not change the data order of the run that follows: torch's global
-    generator and every generator the loader, its sampler or batch sampler hold (a
-    ``WeightedRandomSampler(generator=g)`` too) come back as they were."""
-    generators = data_order_generators(loader)
-    torch_state = torch.random.get_rng_state()
-    states = [g.get_state() for g in generators]
+    """Peeking at a batch must not change the data order of the run that follows: the loader's
+    :class:`RandomStates` come back as they were."""
+    states = RandomStates(loader)
+    before = states.read()
     try:
         yield
     finally:
-        torch.random.set_rng_state(torch_state)
-        for generator, state in zip(generators, states):
-            generator.set_state(state)
+        states.write(before)
 
 
 def first_batch(data: Any, name: str) -> Any:
@@ -52,13 +68,106 @@ def first_batch(data: Any, name: str) -> Any:
     with rng_untouched(data):
         iterator = iter(data)
         try:
-            return next(iterator)
-        except StopIteration:
-            raise NoBatchesError(
-                f"{name} produced no batches. Check the dataset's size, batch_size and drop_last."
-            ) from None
+            return _next_batch(iterator, name)
         finally:
             del iterator
+
+
+def _next_batch(iterator: Iterator, name: str) -> Any:
+    try:
+        return next(iterator)
+    except StopIteration:
+        raise NoBatchesError(
+            f"{name} produced no batches. Check the dataset's size, batch_size and drop_last."
+        ) from None
+
+
+class FirstPass:
+    """A pass over a ``DataLoader`` whose first batch was fetched for the checks before training:
+    iterating it hands out that batch and then the rest of the same pass, so the batch is not
+    fetched twice (a whole collate of one batch, the largest part of a one-batch run's checks).
+
+    Kept only where that pass is the pass a fresh ``iter(loader)`` would give, later:
+    :func:`peek_first_pass` says when. Iterating it makes the one random draw that creating the
+    pass's iterator makes (the seed DataLoader gives its workers), at that moment, so the random
+    numbers the rest of the run draws are the same as without it. Once only; afterwards it is
+    the loader's own fresh pass.
+    """
+
+    def __init__(self, loader: DataLoader, batch: Any, rest: Iterator):
+        self.loader = loader
+        self._kept: Optional[tuple[Any, Iterator]] = (batch, rest)
+        self._leaves, self._layout = tree_flatten(batch)
+        self._versions = [t._version for t in self._leaves if isinstance(t, torch.Tensor)]
+
+    def unchanged(self) -> bool:
+        """The batch holds what the loader gave: the same objects, no tensor written in place."""
+        if self._kept is None:
+            return False
+        leaves, layout = tree_flatten(self._kept[0])
+        return (
+            layout == self._layout
+            and all(a is b for a, b in zip(leaves, self._leaves))
+            and [t._version for t in leaves if isinstance(t, torch.Tensor)] == self._versions
+        )
+
+    def __iter__(self) -> Iterator:
+        kept, self._kept = self._kept, None
+        if kept is None:
+            return iter(self.loader)
+        _draw_pass_seed(self.loader)
+        batch, rest = kept
+        return itertools.chain([batch], rest)
+
+
+def peek_first_pass(data: Any, name: str) -> tuple[Any, Optional[FirstPass]]:
+    """The first batch of ``data`` as :func:`first_batch` gives it, and the pass it began, kept
+    (:class:`FirstPass`) when handing it out later gives what a fresh pass would:
+
+    * ``data`` is a ``DataLoader`` without worker processes (a kept pass with workers would keep
+      them, and the batches they fetch ahead, through the training epoch);
+    * every tensor and object in the batch is one the pytree utilities of torch can see
+      (``tree_flatten``): an in-place change to the batch is then seen, and the pass not used;
+    * the only random number the first batch took is the pass's seed: a shuffling sampler, or a
+      dataset that draws from torch's, python's or numpy's generators or its own, takes more, which
+      the kept pass could not draw again in the same place. torch's states after the fetch are
+      compared with those after the seed's draw alone, the others with those before the fetch.
+    """
+    if not (isinstance(data, DataLoader) and data.num_workers == 0):
+        return first_batch(data, name), None
+    states, datasets_own = RandomStates(data), data_generators(data)
+    before, elsewhere = states.read(), host_random_states(datasets_own)
+    try:
+        iterator = iter(data)
+        batch = _next_batch(iterator, name)
+        drew_elsewhere = host_random_states(datasets_own) != elsewhere
+        fetched = states.read()
+        states.write(before)
+        _draw_pass_seed(data)
+        seed_alone = states.read()
+    finally:
+        states.write(before)
+    same_draws = not drew_elsewhere and all(map(torch.equal, fetched, seed_alone))
+    plain = all(isinstance(leaf, (torch.Tensor, int, float, str, bytes, type(None))) for leaf in tree_flatten(batch)[0])
+    return batch, (FirstPass(data, batch, iterator) if same_draws and plain else None)
+
+
+def _draw_pass_seed(loader: DataLoader) -> None:
+    # What torch's DataLoader draws when a pass begins (its iterator's _base_seed): peek_first_pass
+    # compares the states after a real fetch with those after this draw, so a change to it in torch
+    # turns the kept pass off, it does not skew the random numbers.
+    torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+
+
+def dry_run_first_pass(
+    net: torch.nn.Module, data: Any, name: str, run: Callable[[Any], T]
+) -> tuple[T, Optional[FirstPass]]:
+    """:func:`dry_run_first_batch`, and the pass it began, kept when it is fit to hand out as the
+    next pass over ``data`` (:func:`peek_first_pass`; not when ``run`` changed the batch in place)."""
+    batch, kept = peek_first_pass(data, name)
+    with eval_mode(net), torch.no_grad():
+        result = run(batch)
+    return result, (kept if kept is not None and kept.unchanged() else None)
 
 
 def dry_run_first_batch(net: torch.nn.Module, data: Any, name: str, run: Callable[[Any], T]) -> T:
@@ -69,4 +178,12 @@ def dry_run_first_batch(net: torch.nn.Module, data: Any, name: str, run: Callabl
         return run(batch)
 
 
-__all__ = ["NoBatchesError", "dry_run_first_batch", "num_batches", "rng_untouched"]
+__all__ = [
+    "FirstPass",
+    "NoBatchesError",
+    "dry_run_first_batch",
+    "dry_run_first_pass",
+    "num_batches",
+    "peek_first_pass",
+    "rng_untouched",
+]

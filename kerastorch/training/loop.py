@@ -8,13 +8,15 @@ accumulation, the optimizer step and its hooks — is :mod:`kerastorch.training.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Optional
 
 import torch
 
 from ..callbacks.callback_list import CallbackList
 from ..data.batches import batch_size_of, concatenate_batches, detach, split_sample_weight, to_host
-from ..data.peek import num_batches
+from ..data.loaders import FirstBatches
+from ..data.peek import FirstPass, num_batches
 from ..devices.runtime import Runtime
 from .meters import EpochMeters, StepLogs
 from .modes import eval_mode
@@ -80,9 +82,13 @@ class FitEpochs:
         steps: FitStep,
         position: Optional[RunPosition] = None,
         preemption: Optional[Preemption] = None,
+        first_val_pass: Optional[FirstPass] = None,
     ):
         self.model, self.runtime, self.callbacks, self.meters, self.steps = model, runtime, callbacks, meters, steps
         self.position, self.preemption = position, preemption
+        # The pass over the validation data that the checks before training began: the first
+        # validation goes on with it instead of fetching its first batch again.
+        self.first_val_pass = first_val_pass
 
     def train(self, loader: Any) -> dict[str, float]:
         return train_epoch(
@@ -97,11 +103,23 @@ class FitEpochs:
         )
 
     def validate(self, loader: Any) -> dict[str, float]:
-        return evaluate_epoch(self.model, loader, self.runtime, self.meters["val"], self.callbacks)
+        kept, self.first_val_pass = self.first_val_pass, None
+        batches = continued(loader, kept) if kept is not None else loader
+        return evaluate_epoch(self.model, batches, self.runtime, self.meters["val"], self.callbacks)
 
     def end_epoch(self, logs: dict) -> None:
         settings = self.steps.settings
         after_epoch(self.model.lr_scheduler, settings.scheduler_interval, logs["epoch"], logs, settings.monitor)
+
+
+def continued(loader: Any, kept: FirstPass) -> Any:
+    """The batches of a pass over ``loader``: the kept pass when it is over the same data
+    (``validation_steps`` takes its first batches too), else ``loader``."""
+    if loader is kept.loader:
+        return kept
+    if isinstance(loader, FirstBatches) and loader.loader is kept.loader:
+        return itertools.islice(kept, loader.steps)
+    return loader
 
 
 def train_epoch(

@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import pickle
 import random
 import types
 import warnings
@@ -139,6 +140,28 @@ def data_generators(loader: Any) -> list[Any]:
         if path.endswith("sampler"):
             walk(holder, _SEARCH_DEPTH)
     return found
+
+
+def host_random_states(generators: Iterable[Any]) -> list:
+    """What python's and numpy's global generators and ``generators`` (the Dataset's own, from
+    :func:`data_generators`) hold now, as values that compare with ``==``: any draw from one of them
+    changes it. (torch's generators are compared as tensors by their users.)"""
+    return [random.getstate(), _comparable_legacy(np.random.get_state()), *(_comparable_state(g) for g in generators)]
+
+
+def _comparable_state(generator: Any) -> Any:
+    if isinstance(generator, torch.Generator):
+        return generator.get_state().numpy().tobytes()
+    if isinstance(generator, random.Random):
+        return generator.getstate()
+    if isinstance(generator, np.random.RandomState):
+        return _comparable_legacy(generator.get_state())
+    return pickle.dumps(generator.bit_generator.state)  # ints, and arrays for some bit generators
+
+
+def _comparable_legacy(state: Any) -> tuple:
+    # numpy's legacy state: ("MT19937", key array, pos, has_gauss, cached_gaussian)
+    return (state[1].tobytes(), *state[2:])
 
 
 def generator_state(generator: Any) -> Any:
@@ -316,6 +339,7 @@ __all__ = [
     "data_order_counters",
     "data_order_generators",
     "data_generators",
+    "host_random_states",
     "restore_rng_state",
     "restore_worker_rng_state",
     "worker_rng_state",

@@ -38,7 +38,7 @@ from ..checks.model import check_model_for_fit
 from ..compat.runners import ProgramRunners, RunnerEpochs, check_runner_monitor, program_runners, runner_columns
 from ..data.forms import FitData, prepare_data
 from ..data.loaders import per_process_training_data, per_process_validation_data, training_labels
-from ..data.peek import num_batches
+from ..data.peek import FirstPass, num_batches
 from ..data.sample_weights import check_weighted_loss, class_weight_table
 from ..devices.launch import run_in_workers
 from ..devices.placement import place_parts
@@ -166,9 +166,12 @@ def fit_here(
         runners = program_runners(model)  # a program's own step class, or None
         checks_ride_on_first_step: Optional[str] = None
         outline = StepOutline()
+        first_val_pass: Optional[FirstPass] = None
         columns: Optional[list[str]]
         if runners is None:
-            checks_ride_on_first_step, outline = check_first_batches(model, train_data, val_data, runtime, settings)
+            checks_ride_on_first_step, outline, first_val_pass = check_first_batches(
+                model, train_data, val_data, runtime, settings
+            )
             columns = outline.columns(settings.metric_names(model.metrics_dict), val_data is not None)
             if not model.uses_default_train_step:  # the step named its values on its trial: monitor one of them
                 monitoring = monitor_for_columns(settings.monitoring, columns, outline.values)
@@ -193,7 +196,7 @@ def fit_here(
             steps = FitStep(model, runtime, settings.step, callbacks, checks_ride_on_first_step, meters.get("train"))
             stages: Epochs
             if runners is None:
-                stages = FitEpochs(model, runtime, callbacks, meters, steps, position, preemption)
+                stages = FitEpochs(model, runtime, callbacks, meters, steps, position, preemption, first_val_pass)
             else:
                 unchecked = settings.monitoring.monitor if columns is None else None
                 stages = RunnerEpochs(model, runners, runtime, callbacks, unchecked_monitor=unchecked)
@@ -224,10 +227,11 @@ def check_first_batches(
     val_data: Optional[Any],
     runtime: Runtime,
     settings: FitSettings,
-) -> tuple[Optional[str], StepOutline]:
+) -> tuple[Optional[str], StepOutline, Optional[FirstPass]]:
     """Check the first batches against the net, loss and metrics, and try a train_step of the user's
-    own. Returns the training data's name when its checks ride on the real first step instead, and
-    what the train_step returns.
+    own. Returns the training data's name when its checks ride on the real first step instead, what
+    the train_step returns, and the pass over the validation data that its checked batch began,
+    when the first validation can go on with it (one process; see :class:`FirstPass`).
 
     One process and the default train_step: the training batch is checked inside the real first
     step, at no cost. Otherwise by a pass of its own, before any process starts training (a check
@@ -244,9 +248,12 @@ def check_first_batches(
         outline = check_own_step(model, train_data, runtime, names.train_name, run_step)
     elif not rides:
         check_first_batch(model, train_data, runtime, names.train_name)
+    first_val_pass = None
     if val_data is not None:
-        check_first_batch(model, val_data, runtime, names.val_name)
-    return (names.train_name if rides else None), outline
+        first_val_pass = check_first_batch(model, val_data, runtime, names.val_name)
+    if runtime.num_processes > 1:  # each process validates on its own share of the data, not on this pass
+        first_val_pass = None
+    return (names.train_name if rides else None), outline, first_val_pass
 
 
 def has_lazy_parameters(net: torch.nn.Module) -> bool:
