@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -183,15 +184,31 @@ def test_renaming_one_historys_columns_leaves_the_next_historys_alone():
 
 
 class CountedReads(TensorDataset):
-    """A TensorDataset that counts its reads."""
+    """A dataset of its own (a TensorDataset's subclass) that counts its reads, and draws from numpy
+    at each read when ``noisy``."""
 
-    def __init__(self, *tensors):
+    def __init__(self, *tensors, noisy=False):
         super().__init__(*tensors)
-        self.reads = 0
+        self.reads, self.noisy = 0, noisy
 
     def __getitem__(self, index):
         self.reads += 1
-        return super().__getitem__(index)
+        x, y = super().__getitem__(index)
+        return (x + float(np.random.normal(0, 0.01)), y) if self.noisy else (x, y)
+
+
+class CountedRows(torch.Tensor):
+    """A tensor that counts the rows read from it by index (a plain TensorDataset's reads)."""
+
+    rows = 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        result = super().__torch_function__(func, types, args, kwargs or {})
+        if func is torch.Tensor.__getitem__:
+            cls.rows += 1
+            return result.as_subclass(torch.Tensor)
+        return result
 
 
 class HalvesInPlace(nn.Module):
@@ -205,12 +222,26 @@ class HalvesInPlace(nn.Module):
         return self.linear(x.div_(2))
 
 
-def first_pass_run(net_class, workers, validation_steps=None):
+class WithDropout(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.3), nn.ReLU(), nn.Linear(16, 2))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def first_pass_run(net_class, workers, dataset="TensorDataset", validation_steps=None):
     """Two epochs on shuffled data; the validation loader (96 samples) has ``workers``. Returns the
     history, torch's random state and the weights afterwards, and the validation samples read."""
     kt.seed_everything(0)
     train, val = loaders(n=96, batch_size=16)
-    val_set = CountedReads(*val.dataset.tensors)
+    x, y = val.dataset.tensors
+    CountedRows.rows = 0
+    if dataset == "TensorDataset":
+        val_set = TensorDataset(x.as_subclass(CountedRows), y)
+    else:
+        val_set = CountedReads(x, y, noisy=dataset == "draws from numpy")
     net = nn.Sequential(nn.Dropout(0.3), net_class()) if net_class is HalvesInPlace else net_class()
     model = kt.KerasModel(
         net,
@@ -221,25 +252,21 @@ def first_pass_run(net_class, workers, validation_steps=None):
     dl_train = DataLoader(train.dataset, batch_size=16, shuffle=True)
     dl_val = DataLoader(val_set, batch_size=32, num_workers=workers)
     history = model.fit(dl_train, dl_val, epochs=2, verbose=0, validation_steps=validation_steps)
-    return history, torch.random.get_rng_state(), net.state_dict(), val_set.reads
+    reads = CountedRows.rows if dataset == "TensorDataset" else val_set.reads
+    return history, torch.random.get_rng_state(), net.state_dict(), reads
 
 
-class WithDropout(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layers = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.3), nn.ReLU(), nn.Linear(16, 2))
-
-    def forward(self, x):
-        return self.layers(x)
-
-
-@pytest.mark.parametrize("validation_steps", [None, 2], ids=["whole", "validation_steps=2"])
-def test_the_first_validation_goes_on_with_the_checked_batch_and_the_run_is_unchanged(validation_steps):
+@pytest.mark.parametrize(
+    "dataset, validation_steps",
+    [("TensorDataset", None), ("a dataset of its own", None), ("TensorDataset", 2)],
+    ids=["TensorDataset", "a dataset of its own", "validation_steps=2"],
+)
+def test_the_first_validation_goes_on_with_the_checked_batch_and_the_run_is_unchanged(dataset, validation_steps):
     # The checks before training fetch the first validation batch; the first validation goes on with
     # that pass instead of fetching the batch again. With a worker process the pass is not kept:
     # the same run, the batch fetched twice.
-    kept = first_pass_run(WithDropout, workers=0, validation_steps=validation_steps)
-    apart = first_pass_run(WithDropout, workers=1, validation_steps=validation_steps)
+    kept = first_pass_run(WithDropout, 0, dataset, validation_steps)
+    apart = first_pass_run(WithDropout, 1, dataset, validation_steps)
     pd.testing.assert_frame_equal(kept[0], apart[0], check_exact=True)
     assert torch.equal(kept[1], apart[1])  # the same random numbers drawn, to the last one
     assert all(torch.equal(kept[2][k], apart[2][k]) for k in kept[2])
@@ -253,3 +280,9 @@ def test_a_batch_the_checks_changed_in_place_is_fetched_again():
     apart = first_pass_run(HalvesInPlace, workers=1)
     pd.testing.assert_frame_equal(kept[0], apart[0], check_exact=True)
     assert kept[3] == 2 * 96 + 32  # the first batch read again for the first validation
+
+
+def test_a_batch_that_drew_from_numpy_is_fetched_again():
+    # A fresh pass would draw the first batch's numbers later, in their place in numpy's stream (a
+    # resumed run draws them there): the kept batch would shift every later draw.
+    assert first_pass_run(WithDropout, 0, "draws from numpy")[3] == 2 * 96 + 32

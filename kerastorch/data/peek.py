@@ -9,10 +9,11 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import torch
 from torch.utils._pytree import tree_flatten
-from torch.utils.data import DataLoader
+from torch.utils.data import ConcatDataset, DataLoader, Subset, TensorDataset, default_collate
 
 from ..training.modes import eval_mode
 from ..training.rng import data_generators, data_order_generators, host_random_states
+from .arrays import ArrayDataset
 
 T = TypeVar("T")
 
@@ -135,12 +136,15 @@ def peek_first_pass(data: Any, name: str) -> tuple[Any, Optional[FirstPass]]:
     """
     if not (isinstance(data, DataLoader) and data.num_workers == 0):
         return first_batch(data, name), None
-    states, datasets_own = RandomStates(data), data_generators(data)
-    before, elsewhere = states.read(), host_random_states(datasets_own)
+    # Reading python's and numpy's states costs a fifth of a small batch's fetch: not for tensors
+    # read by index, which draw nothing.
+    watch_elsewhere = not _draws_nothing(data)
+    states, datasets_own = RandomStates(data), data_generators(data) if watch_elsewhere else []
+    before, elsewhere = states.read(), host_random_states(datasets_own) if watch_elsewhere else None
     try:
         iterator = iter(data)
         batch = _next_batch(iterator, name)
-        drew_elsewhere = host_random_states(datasets_own) != elsewhere
+        drew_elsewhere = watch_elsewhere and host_random_states(datasets_own) != elsewhere
         fetched = states.read()
         states.write(before)
         _draw_pass_seed(data)
@@ -150,6 +154,24 @@ def peek_first_pass(data: Any, name: str) -> tuple[Any, Optional[FirstPass]]:
     same_draws = not drew_elsewhere and all(map(torch.equal, fetched, seed_alone))
     plain = all(isinstance(leaf, (torch.Tensor, int, float, str, bytes, type(None))) for leaf in tree_flatten(batch)[0])
     return batch, (FirstPass(data, batch, iterator) if same_draws and plain else None)
+
+
+def _draws_nothing(loader: DataLoader) -> bool:
+    """Tensors or arrays read by index (``TensorDataset``, the dataset kerastorch makes of arrays, a
+    ``Subset`` or ``ConcatDataset`` of them) put together by torch's ``default_collate``: a fetch
+    that draws no random number (its sampler's are torch's, which are compared anyway)."""
+    if loader.collate_fn is not default_collate:
+        return False
+    datasets = [loader.dataset]
+    while datasets:
+        dataset = datasets.pop()
+        if type(dataset) is Subset:
+            datasets.append(dataset.dataset)
+        elif type(dataset) is ConcatDataset:
+            datasets.extend(dataset.datasets)
+        elif type(dataset) not in (TensorDataset, ArrayDataset):
+            return False
+    return True
 
 
 def _draw_pass_seed(loader: DataLoader) -> None:
