@@ -89,28 +89,15 @@ class FirstPass:
     fetched twice (a whole collate of one batch, the largest part of a one-batch run's checks).
 
     Kept only where that pass is the pass a fresh ``iter(loader)`` would give, later:
-    :func:`peek_first_pass` says when. Iterating it makes the one random draw that creating the
-    pass's iterator makes (the seed DataLoader gives its workers), at that moment, so the random
-    numbers the rest of the run draws are the same as without it. Once only; afterwards it is
-    the loader's own fresh pass.
+    :func:`peek_first_pass` and :func:`dry_run_first_pass` say when. Iterating it makes the one
+    random draw that creating the pass's iterator makes (the seed DataLoader gives its workers),
+    at that moment, so the random numbers the rest of the run draws are the same as without it.
+    Once only; afterwards it is the loader's own fresh pass.
     """
 
     def __init__(self, loader: DataLoader, batch: Any, rest: Iterator):
         self.loader = loader
         self._kept: Optional[tuple[Any, Iterator]] = (batch, rest)
-        self._leaves, self._layout = tree_flatten(batch)
-        self._versions = [t._version for t in self._leaves if isinstance(t, torch.Tensor)]
-
-    def unchanged(self) -> bool:
-        """The batch holds what the loader gave: the same objects, no tensor written in place."""
-        if self._kept is None:
-            return False
-        leaves, layout = tree_flatten(self._kept[0])
-        return (
-            layout == self._layout
-            and all(a is b for a, b in zip(leaves, self._leaves))
-            and [t._version for t in leaves if isinstance(t, torch.Tensor)] == self._versions
-        )
 
     def __iter__(self) -> Iterator:
         kept, self._kept = self._kept, None
@@ -127,8 +114,6 @@ def peek_first_pass(data: Any, name: str) -> tuple[Any, Optional[FirstPass]]:
 
     * ``data`` is a ``DataLoader`` without worker processes (a kept pass with workers would keep
       them, and the batches they fetch ahead, through the training epoch);
-    * every tensor and object in the batch is one the pytree utilities of torch can see
-      (``tree_flatten``): an in-place change to the batch is then seen, and the pass not used;
     * the only random number the first batch took is the pass's seed: a shuffling sampler, or a
       dataset that draws from torch's, python's or numpy's generators or its own, takes more, which
       the kept pass could not draw again in the same place. torch's states after the fetch are
@@ -152,8 +137,7 @@ def peek_first_pass(data: Any, name: str) -> tuple[Any, Optional[FirstPass]]:
     finally:
         states.write(before)
     same_draws = not drew_elsewhere and all(map(torch.equal, fetched, seed_alone))
-    plain = all(isinstance(leaf, (torch.Tensor, int, float, str, bytes, type(None))) for leaf in tree_flatten(batch)[0])
-    return batch, (FirstPass(data, batch, iterator) if same_draws and plain else None)
+    return batch, (FirstPass(data, batch, iterator) if same_draws else None)
 
 
 def _draws_nothing(loader: DataLoader) -> bool:
@@ -185,11 +169,33 @@ def dry_run_first_pass(
     net: torch.nn.Module, data: Any, name: str, run: Callable[[Any], T]
 ) -> tuple[T, Optional[FirstPass]]:
     """:func:`dry_run_first_batch`, and the pass it began, kept when it is fit to hand out as the
-    next pass over ``data`` (:func:`peek_first_pass`; not when ``run`` changed the batch in place)."""
+    next pass over ``data`` (:func:`peek_first_pass`) and ``run`` left the batch as the loader gave
+    it: the same objects in the same layout, no tensor written in place (which needs every object in
+    the batch to be one torch's pytree utilities see into)."""
     batch, kept = peek_first_pass(data, name)
+    given = _contents(batch) if kept is not None else None
     with eval_mode(net), torch.no_grad():
         result = run(batch)
-    return result, (kept if kept is not None and kept.unchanged() else None)
+    return result, (kept if given is not None and _same_contents(given, _contents(batch)) else None)
+
+
+def _contents(batch: Any) -> Optional[tuple[list, Any, list[int]]]:
+    """The batch's objects, layout and tensor versions; None when it holds an object whose insides
+    torch's pytree utilities do not see (an in-place change there would go unseen)."""
+    leaves, layout = tree_flatten(batch)
+    if not all(isinstance(leaf, (torch.Tensor, int, float, str, bytes, type(None))) for leaf in leaves):
+        return None
+    return leaves, layout, [t._version for t in leaves if isinstance(t, torch.Tensor)]
+
+
+def _same_contents(given: tuple[list, Any, list[int]], now: Optional[tuple[list, Any, list[int]]]) -> bool:
+    return (
+        now is not None
+        and now[1] == given[1]
+        and len(now[0]) == len(given[0])
+        and all(a is b for a, b in zip(now[0], given[0]))
+        and now[2] == given[2]
+    )
 
 
 def dry_run_first_batch(net: torch.nn.Module, data: Any, name: str, run: Callable[[Any], T]) -> T:
