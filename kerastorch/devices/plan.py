@@ -18,6 +18,7 @@ notebook still lets the notebook fork workers that use the GPUs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 import warnings
@@ -142,8 +143,15 @@ def num_devices_available(device_type: str) -> int:
     if device_type == "cuda":
         return cuda_device_count()
     if device_type == "cpu":
-        return os.cpu_count() or 1
+        return cpu_count()
     return 1
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_count() -> int:
+    """The machine's cores, read once: ``os.cpu_count`` reads a file each time, which a fit of one
+    batch would pay for a count only ``devices=-1`` and device lists use."""
+    return os.cpu_count() or 1
 
 
 def choose_devices(devices: DevicesArg, device_type: str, interactive: Optional[bool] = None) -> list[int]:
