@@ -482,26 +482,43 @@ class EpochMeters:
         runs on the main process alone and must not enter a collective).
         """
         self._flush()
+        if synced and self.reduce_fn is not None:
+            return self._read_synced()
+        sums = [self.loss_total()] if self.values is None else list(self.value_sums.values())
+        values = [*sums]
+        for name, meter in (*self.meters.items(), *self.weighted.items()):
+            value = _stateful_value(meter, name) if isinstance(meter, _StatefulMeter) else meter.value()
+            values.append(value.detach().to(self.device, self.sum_dtype))
+        floats = torch.stack(values).tolist()
+        # The sums' means, taken on the host in float64: what the device would compute, with no kernels
+        # (on MPS, whose sums are float32, a little more exactly).
+        count = max(self.count, 1)
+        return dict(zip(self.names, [*(total / count for total in floats[: len(sums)]), *floats[len(sums) :]]))
+
+    def _read_synced(self) -> dict[str, float]:
+        """:meth:`read` over every process: the sums, the counts and the function metrics' totals
+        summed in one collective, each stateful metric computed over every process's states."""
         sums = [self.loss_total()] if self.values is None else list(self.value_sums.values())
         count = torch.tensor(float(self.count), device=self.device, dtype=self.sum_dtype)
         function_meters = {k: m for k, m in self.meters.items() if isinstance(m, _FunctionMeter)}
         function_meters.update(self.weighted)
-        if synced and self.reduce_fn is not None:
-            parts = [*sums, count]
-            for m in function_meters.values():
-                parts += [m.total, m.denominator()]
-            summed = self.reduce_fn(torch.stack(parts))
-            k = len(sums)
-            sums, count = list(summed[:k]), summed[k]
-            function_values = {
-                name: summed[k + 1 + 2 * i] / summed[k + 2 + 2 * i].clamp_min(1e-30)
-                for i, name in enumerate(function_meters)
-            }
-        else:
-            function_values = {k: m.value() for k, m in function_meters.items()}
+        parts = [*sums, count]
+        for m in function_meters.values():
+            parts += [m.total, m.denominator()]
+        summed = self.reduce_fn(torch.stack(parts))  # type: ignore[misc]
+        k = len(sums)
+        sums, count = list(summed[:k]), summed[k]
+        function_values = {
+            name: summed[k + 1 + 2 * i] / summed[k + 2 + 2 * i].clamp_min(1e-30)
+            for i, name in enumerate(function_meters)
+        }
         values = [total / count.clamp_min(1) for total in sums]
         for name, meter in (*self.meters.items(), *self.weighted.items()):
-            value = _stateful_value(meter, name, synced) if isinstance(meter, _StatefulMeter) else function_values[name]
+            value = (
+                _stateful_value(meter, name, synced=True)
+                if isinstance(meter, _StatefulMeter)
+                else function_values[name]
+            )
             values.append(value.detach().to(self.device, self.sum_dtype))
         floats = torch.stack(values).tolist()
         return dict(zip(self.names, floats))

@@ -49,7 +49,9 @@ def compute_metric(metric: Any, reduce_fn: Optional[Callable] = None, device: Op
     e.g. ``correct``/``total`` tensors) has its tensor states summed over processes and
     its list-of-tensors states concatenated, for the ``compute``, then put back.
     """
-    if reduce_fn is None or not several_processes():
+    if not several_processes():
+        return metric.compute()
+    if reduce_fn is None:
         with _torchmetrics_sync_off(metric):
             return metric.compute()
     if is_torchmetrics(metric):
