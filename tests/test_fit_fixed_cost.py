@@ -122,6 +122,45 @@ def test_a_models_later_runs_copy_no_metric_and_carry_nothing_from_the_earlier_o
     assert accuracy.update_count == 1 and recall.update_count == 0  # the user's metrics as they were
 
 
+class CountedAccuracy(torchmetrics.classification.MulticlassAccuracy):
+    """Accuracy that counts the computes of all its copies."""
+
+    computes = 0
+
+    def compute(self):
+        type(self).computes += 1
+        return super().compute()
+
+
+def test_a_metric_is_computed_by_the_checks_once_per_kind_of_outputs_and_still_refused_when_it_gives_no_number():
+    train, val = loaders()
+    model = make_model({"acc": CountedAccuracy(num_classes=2, average="micro")})
+    CountedAccuracy.computes = 0
+    history = model.fit(train, val, epochs=1, verbose=0)
+    # The validation batch's check computes it; the training batch's, on outputs of the same kind,
+    # does not; each epoch read computes it once.
+    assert CountedAccuracy.computes == 1 + 2
+    assert history["val_acc"].iloc[-1] == pytest.approx(accuracy_by_hand(model.net, val), abs=1e-6)
+    CountedAccuracy.computes = 0
+    model.fit(train, val, epochs=1, verbose=0)
+    assert CountedAccuracy.computes == 2  # a later run: the reads alone
+    # Outputs of another kind (float64 from a float64 net) are computed on again.
+    model.net.double()
+    wide = [DataLoader(TensorDataset(*(t.double() if t.is_floating_point() else t for t in d.dataset.tensors)),
+                       batch_size=32) for d in (train, val)]  # fmt: skip
+    CountedAccuracy.computes = 0
+    model.fit(*wide, epochs=1, verbose=0, precision="64-true")
+    assert CountedAccuracy.computes == 1 + 2
+    # A metric that computes no single number is refused before training, in a later run too.
+    model = make_model({"acc": CountedAccuracy(num_classes=2, average="micro")})
+    model.fit(train, val, epochs=1, verbose=0)
+    before = copy.deepcopy(model.net.state_dict())
+    model.metrics_dict = {"acc": CountedAccuracy(num_classes=2, average=None)}
+    with pytest.raises(ValueError, match=r"Metric 'acc' failed on the first batch of val_data.*shape \(2,\)"):
+        model.fit(train, val, epochs=1, verbose=0)
+    assert all(torch.equal(v, model.net.state_dict()[k]) for k, v in before.items())
+
+
 def row_by_row(rows, columns=None):
     """The frame as pandas builds it from rows, reindexed: what history_frame gives, more slowly."""
     frame = pd.DataFrame(rows)

@@ -29,6 +29,7 @@ from ..training.meters import (
     metric_copies_for,
     metric_friendly,
     metric_update_fn,
+    outputs_kind,
     scalar_metric_value,
 )
 from ..training.metric_sync import is_torchmetrics
@@ -267,12 +268,15 @@ def check_metrics_on(
 ) -> None:
     """Update and compute a copy of every metric on one batch: a metric that does not fit the
     outputs (3 classes into Accuracy(num_classes=2)) fails now, not after an epoch of training.
+    A copy is computed only on outputs of a kind (dtypes, shapes past the batch dimension) none of
+    the metric's copies computed one number from before: the update is what reads the values.
     The copies come from ``copies``, and go back to it for the run's meters; ``adopt(key, copy)``,
     when given, may keep a copy as it is, holding this batch (the training meter takes the copy
     of the batch it meters next: :meth:`~kerastorch.training.meters.EpochMeters.adopt`).
     Under several processes, a metric whose state is plain Python numbers (which cannot be
     summed over processes) is refused too: it would report one process's share alone."""
     preds = metric_friendly(preds)
+    kind = outputs_kind(preds, labels)
     for key, metric in metrics_dict.items():
         number_states: list[str] = []
         try:
@@ -282,10 +286,11 @@ def check_metrics_on(
                     numbers = _number_states(trial) if processes > 1 else {}
                     metric_update_fn(trial)(preds, labels)
                     number_states = [k for k, v in numbers.items() if vars(trial).get(k) != v]
-                    value = trial.compute()
+                    if not copies.computed_one_number(metric, kind):
+                        scalar_metric_value(trial.compute(), key)
+                        copies.note_one_number(metric, kind)
                 else:
-                    value = metric(preds, labels)
-                scalar_metric_value(value, key)
+                    scalar_metric_value(metric(preds, labels), key)
                 if is_stateful_metric(metric) and not (adopt is not None and adopt(key, trial)):
                     copies.give_back(metric, trial)
         except Exception as error:

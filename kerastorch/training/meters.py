@@ -119,6 +119,9 @@ class MetricCopies:
         # id(metric) -> (the metric, its copies that nobody holds, reset). The metric is held so that
         # its id cannot be taken by a new object, whose copies these are not.
         self._spare: dict[int, tuple[Any, list]] = {}
+        # id(metric) -> (the metric, the kinds of outputs a copy of it computed one number from: see
+        # outputs_kind). A check need not compute it again on outputs of a kind it already did.
+        self._scalar_on: dict[int, tuple[Any, set]] = {}
 
     def take(self, metric: Any) -> Any:
         spare = self._spare.get(id(metric))
@@ -138,11 +141,35 @@ class MetricCopies:
             spare = self._spare[id(metric)] = (metric, [])
         spare[1].append(copied)
 
+    def computed_one_number(self, metric: Any, kind: Optional[tuple]) -> bool:
+        """Whether a copy of ``metric`` computed one number from outputs of this ``kind``
+        (:func:`outputs_kind`; None, a kind never known, never did)."""
+        seen = self._scalar_on.get(id(metric))
+        return kind is not None and seen is not None and seen[0] is metric and kind in seen[1]
+
+    def note_one_number(self, metric: Any, kind: Optional[tuple]) -> None:
+        """A copy of ``metric`` computed one number from outputs of this ``kind``."""
+        if kind is None:
+            return
+        seen = self._scalar_on.get(id(metric))
+        if seen is None or seen[0] is not metric:
+            seen = self._scalar_on[id(metric)] = (metric, set())
+        seen[1].add(kind)
+
     def keep_only(self, metrics: Iterable[Any]) -> None:
         """Drop the copies of metrics not among ``metrics`` (a model whose metrics_dict was replaced)."""
         wanted = {id(metric) for metric in metrics}
-        for key in [key for key in self._spare if key not in wanted]:
-            del self._spare[key]
+        for kept in (self._spare, self._scalar_on):
+            for key in [key for key in kept if key not in wanted]:
+                del kept[key]
+
+
+def outputs_kind(preds: Any, labels: Any) -> Optional[tuple]:
+    """What decides the shape of a metric's value, besides the metric: the dtypes of the outputs and
+    the labels and their shapes past the batch dimension. None for anything but two tensors."""
+    if not (isinstance(preds, torch.Tensor) and isinstance(labels, torch.Tensor)):
+        return None
+    return preds.dtype, preds.shape[1:], labels.dtype, labels.shape[1:]
 
 
 def metric_copies_for(model: Any, device: torch.device) -> MetricCopies:
