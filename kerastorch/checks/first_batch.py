@@ -268,8 +268,9 @@ def check_metrics_on(
 ) -> None:
     """Update and compute a copy of every metric on one batch: a metric that does not fit the
     outputs (3 classes into Accuracy(num_classes=2)) fails now, not after an epoch of training.
-    A copy is computed only on outputs of a kind (dtypes, shapes past the batch dimension) none of
-    the metric's copies computed one number from before: the update is what reads the values.
+    In one process, a copy is computed only on outputs of a kind (dtypes, shapes past the batch
+    dimension) none of the metric's copies computed one number from before: the update is what
+    reads the values.
     The copies come from ``copies``, and go back to it for the run's meters; ``adopt(key, copy)``,
     when given, may keep a copy as it is, holding this batch (the training meter takes the copy
     of the batch it meters next: :meth:`~kerastorch.training.meters.EpochMeters.adopt`).
@@ -286,7 +287,9 @@ def check_metrics_on(
                     numbers = _number_states(trial) if processes > 1 else {}
                     metric_update_fn(trial)(preds, labels)
                     number_states = [k for k, v in numbers.items() if vars(trial).get(k) != v]
-                    if not copies.computed_one_number(metric, kind):
+                    # Under several processes every rank computes, as before: a torchmetrics compute is
+                    # a collective, and ranks whose batches differ in shape would not agree to skip it.
+                    if processes > 1 or not copies.computed_one_number(metric, kind):
                         scalar_metric_value(trial.compute(), key)
                         copies.note_one_number(metric, kind)
                 else:
