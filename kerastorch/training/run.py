@@ -299,7 +299,9 @@ def epoch_meters(
 ) -> dict[str, EpochMeters]:
     """The train and val meters; a train_step that returns named values gets them summed instead of
     the loss and the metrics (which need predictions)."""
-    device, reduce_sum = runtime.outputs_device, runtime.reduce_sum
+    device = runtime.outputs_device
+    # Only several processes have anything to sum: alone, an epoch's read takes its means on the host.
+    reduce_sum = runtime.reduce_sum if runtime.num_processes > 1 else None
     copies = metric_copies_for(model, device)  # the model's, shared with the first-batch checks
     weighted = settings.weighted_metrics
     val = EpochMeters("val", model.metrics_dict, device, reduce_sum, weighted, copies=copies)
