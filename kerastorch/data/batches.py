@@ -190,6 +190,8 @@ def describe_reading(batch: Any, labels_at: Optional[Union[int, str]] = None, la
 def batch_size_of(labels: Any, preds: Any, batch: Any = None) -> int:
     """Number of samples in a batch, read from shapes only (no device sync): from the labels, the
     predictions, or (a custom step that returns named values) the batch itself."""
+    if isinstance(labels, torch.Tensor) and labels.dim() > 0:  # nearly always: it runs every step
+        return labels.shape[0]
     for obj in (labels, preds, batch):
         tensor = first_tensor(obj)
         if tensor is not None and tensor.dim() > 0:

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import torch
 
 from ..callbacks.callback_list import CallbackList
-from ..data.batches import batch_size_of, concatenate_batches, detach, split_sample_weight, to_host
+from ..data.batches import batch_size_of, concatenate_batches, split_sample_weight, to_host
 from ..data.loaders import FirstBatches
 from ..data.peek import FirstPass, num_batches
 from ..devices.runtime import Runtime
@@ -152,7 +152,7 @@ def train_epoch(
         else:
             loss, preds, labels = outputs
             weight = split_sample_weight(batch)[1] if weighted else None
-            meters.update(loss, detach(preds), labels, batch_size_of(labels, preds, batch), weight)
+            meters.update(loss, preds, labels, batch_size_of(labels, preds, batch), weight)
         if on_end:
             callbacks.call("on_train_batch_end", batch_index, StepLogs(meters))
         if model.stop_training:  # set by a batch hook: stop after this batch, as Keras does

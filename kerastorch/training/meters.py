@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
+from ..data.batches import detach
 from .metric_sync import compute_metric, exact_sum_dtype, prepare_metric_for_processes
 
 # How many steps of outputs are held before the metrics see them, and how many output elements at
@@ -407,14 +408,18 @@ class EpochMeters:
     def update(
         self, loss: Optional[torch.Tensor], preds: Any, labels: Any, n: int, weight: Optional[torch.Tensor] = None
     ) -> None:
-        """Add one batch. ``loss`` is the batch mean; ``weight`` the samples' weights (for
-        ``weighted_metrics`` only). Nothing here waits for the device."""
+        """Add one batch. ``loss`` is the batch mean; ``preds`` may still be part of the graph (they are
+        detached here when a metric keeps them); ``weight`` the samples' weights (for ``weighted_metrics``
+        only). Nothing here waits for the device."""
         if loss is not None:
             self._losses.append((loss.detach(), n))
             if len(self._losses) >= FLUSH_EVERY:
                 self.loss_sum.add_(_sum_of(self._losses, self.loss_sum))
                 self._losses.clear()
         self.count += n
+        if not (self.meters or self.weighted):
+            return
+        preds = detach(preds)
         for weighted in self.weighted.values():
             weighted.update_weighted(preds, labels, n, weight)
         if not self.meters:

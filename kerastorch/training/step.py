@@ -24,7 +24,6 @@ add up as in PyTorch.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any, Optional
 
@@ -38,8 +37,6 @@ from .meters import EpochMeters
 from .modes import train_mode
 from .protocols import TrainableModel
 from .schedulers import after_update
-
-_UPDATE_NOW = contextlib.nullcontext()  # reusable: entering it does nothing
 
 
 class FitStep:
@@ -104,19 +101,24 @@ class FitStep:
             self._drop_stray_gradients()
         self._waiting += 1
         self.updates_now = self._waiting == self.accumulate or batch_index + 1 == self._num_batches
-        # Gradients are exchanged between processes only on the batch that ends a group.
-        with _UPDATE_NOW if self.updates_now else self.runtime.strategy.no_sync(self.model.net):
-            if self._check_first_step is not None:
-                name, self._check_first_step = self._check_first_step, None
-                outputs = checked_first_step(self.model, batch, self.runtime, name, self._adopt_metric_trial)
-            else:
-                outputs = self.model.train_step(batch)
-        if self.updates_now:
-            self._waiting = 0
+        if not self.updates_now:
+            # Gradients are exchanged between processes only on the batch that ends a group.
+            with self.runtime.strategy.no_sync(self.model.net):
+                return self._train_step(batch)
+        outputs = self._train_step(batch)
+        self._waiting = 0
+        if self._deferred or self._kept_grads:
             self._deferred.clear()
             self._kept_grads.clear()
-        self._update_scaler()
+        if self._scaler_stepped:
+            self._update_scaler()
         return outputs
+
+    def _train_step(self, batch: Any) -> Any:
+        if self._check_first_step is None:
+            return self.model.train_step(batch)
+        name, self._check_first_step = self._check_first_step, None
+        return checked_first_step(self.model, batch, self.runtime, name, self._adopt_metric_trial)
 
     def end_epoch(self) -> None:
         """Step a last, shorter group: from a loader of unknown length, or stopped by a callback."""
