@@ -32,6 +32,9 @@ from .tools.tuning import LRFinderResult
 from .training import evaluation, run, step
 from .training.parts import ModelParts
 
+# The default train_step and the model calls it makes (see KerasModel.uses_default_step_calls).
+_DEFAULT_STEP_CALLS = ("train_step", "autocast", "backward", "optimizer_step")
+
 
 class KerasModel(ModuleLike, ModelParts):
     """Train a PyTorch ``net`` the Keras way.
@@ -401,6 +404,14 @@ class KerasModel(ModuleLike, ModelParts):
     def uses_default_train_step(self) -> bool:
         """True unless a subclass overrides :meth:`train_step` (fit then checks the first batch inside it)."""
         return type(self).train_step is KerasModel.train_step
+
+    @property
+    def uses_default_step_calls(self) -> bool:
+        """True when :meth:`train_step` and the three calls it makes (:meth:`autocast`, :meth:`backward`,
+        :meth:`optimizer_step`) are all KerasModel's own: fit then runs that step with the calls made
+        directly (:class:`~kerastorch.training.step.FitStep`), the same step with fewer frames per batch."""
+        own = type(self)
+        return all(getattr(own, name) is getattr(KerasModel, name) for name in _DEFAULT_STEP_CALLS)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of a batch's loss, inside :meth:`train_step` (scaled and accumulated as fit was asked)."""

@@ -195,3 +195,25 @@ def test_callbacks_run_by_order_after_fits_own_watchers():
     assert log[:2] == ["early", "mine"]
     # at epoch 2, EarlyStopping (order -10) has decided before "mine" (order 0) runs, not before "early"
     assert log[-2:] == [("early", False), ("mine", True)]
+
+
+@pytest.mark.parametrize("overridden", ["backward", "optimizer_step", "autocast"])
+def test_a_call_of_the_default_step_overridden_alone_runs_at_every_batch(overridden):
+    # fit runs the default train_step's calls itself when none is overridden; a subclass that
+    # overrides one of them (and not train_step) must still have it called, batch after batch.
+    calls = []
+
+    class Traced(kt.KerasModel):
+        pass
+
+    def traced(self, *args):
+        calls.append(overridden)
+        return getattr(kt.KerasModel, overridden)(self, *args)
+
+    setattr(Traced, overridden, traced)
+    x, y = data()
+    net = make_net()
+    model = Traced(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    history = model.fit(DataLoader(TensorDataset(x, y), batch_size=32), epochs=2, patience=None, verbose=0)
+    assert len(calls) == 2 * 8
+    assert history["train_loss"].iloc[1] < history["train_loss"].iloc[0]

@@ -100,7 +100,7 @@ def checked_first_step(
     the weights and buffers from before training back from ``RestoreBestWeights``.) ``adopt``: see
     :func:`check_metrics_on`."""
     try:
-        with runtime.autocast():
+        with model.autocast():  # the model's, as the default train_step's: a subclass may override it
             loss, preds, labels = model.forward_batch(batch)
     except (BatchError, NoLossError):
         raise

@@ -39,6 +39,9 @@ class TrainableModel(Protocol):
     @property
     def uses_default_train_step(self) -> bool: ...
 
+    @property
+    def uses_default_step_calls(self) -> bool: ...
+
     def print(self, *args: Any) -> None: ...
 
 

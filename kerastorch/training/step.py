@@ -76,6 +76,8 @@ class FitStep:
         # each optimizer's gradients as its last optimizer_step call left them (none at a group's
         # start), so what another net's loss left on its parameters afterwards never reaches its update.
         self._own_step = not model.uses_default_train_step
+        # Nothing of the default step overridden: run it here, without the model's calls in between.
+        self._default_calls = model.uses_default_step_calls
         self._kept_grads: dict[int, list] = {}  # id(optimizer) -> [(parameter, its gradient then)]
         self._scheduler_after_update = after_update(model.lr_scheduler, settings.scheduler_interval)
         self.epochs_done = 0  # set by the run when it resumes: the update count of a timm scheduler follows it
@@ -115,10 +117,22 @@ class FitStep:
         return outputs
 
     def _train_step(self, batch: Any) -> Any:
-        if self._check_first_step is None:
-            return self.model.train_step(batch)
-        name, self._check_first_step = self._check_first_step, None
-        return checked_first_step(self.model, batch, self.runtime, name, self._adopt_metric_trial)
+        if self._check_first_step is not None:
+            name, self._check_first_step = self._check_first_step, None
+            return checked_first_step(self.model, batch, self.runtime, name, self._adopt_metric_trial)
+        if self._default_calls:
+            return self._default_train_step(batch)
+        return self.model.train_step(batch)
+
+    def _default_train_step(self, batch: Any) -> tuple[torch.Tensor, Any, Any]:
+        """``KerasModel.train_step`` as written there, for a model that overrides none of it: its calls to
+        the model's ``autocast``, ``backward`` and ``optimizer_step``, which come back here, are made
+        here directly (three frames and lookups fewer per batch, a few % of a small net's step)."""
+        with self.runtime.autocast():
+            loss, preds, labels = self.model.forward_batch(batch)
+        self.backward(loss)
+        self.optimizer_step()
+        return loss, preds, labels
 
     def end_epoch(self) -> None:
         """Step a last, shorter group: from a loader of unknown length, or stopped by a callback."""
