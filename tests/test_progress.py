@@ -16,6 +16,7 @@ from torch import nn
 
 import kerastorch as kt
 from kerastorch.callbacks import ProgressBar
+from kerastorch.callbacks.callback_list import CallbackList
 from kerastorch.examples import digits_loaders
 from kerastorch.tools.notebook import output_style
 from kerastorch.training.meters import EpochMeters
@@ -135,6 +136,30 @@ def test_the_bar_reads_the_device_only_when_it_redraws(loaders, monkeypatch, min
     # Step logs are read unsynced; epoch ends read the exact, synced values (train and val).
     assert reads.count(False) == step_reads
     assert reads.count(True) == 2 * 2
+
+
+def test_only_a_drawn_bar_is_called_at_every_step(loaders, monkeypatch):
+    # The epoch's line alone (logs, pipes, verbose=2) needs no call per step: the loop makes none.
+    # One bar object used for a terminal run, then for a run whose output is a log, follows each.
+    batch_ends = []
+    real_call = CallbackList.call
+
+    def counting_call(self, hook, *args):
+        if hook == "on_train_batch_end":
+            batch_ends.append(args[0])
+        return real_call(self, hook, *args)
+
+    monkeypatch.setattr(CallbackList, "call", counting_call)
+    terminal = io.StringIO()
+    bar = ProgressBar(mininterval=0, style="terminal", file=terminal)
+    small_model().fit(*loaders, epochs=1, patience=None, verbose=0, callbacks=[bar])
+    assert batch_ends == list(range(22)) and "22/22" in terminal.getvalue()
+    bar.style, bar.file = "lines", None
+    log = io.StringIO()
+    monkeypatch.setattr("sys.stdout", log)
+    small_model().fit(*loaders, epochs=2, patience=None, verbose=0, callbacks=[bar])
+    assert batch_ends == list(range(22))
+    assert [line[:10] for line in log.getvalue().splitlines()] == ["Epoch 1/2 ", "Epoch 2/2 "]
 
 
 def test_unknown_style_is_refused():

@@ -109,12 +109,21 @@ class ProgressBar(Callback):
             return self.style
         return output_style(self.file)
 
+    def set_model(self, model):
+        super().set_model(model)
+        self._active_style = self._choose_style()
+        # Only a drawn bar needs a call at every step; the epoch's line alone (CI logs, pipes, verbose=2)
+        # needs none, and the loop then makes none. An instance's own hook, as a LambdaCallback's.
+        if self._active_style in ("terminal", "notebook"):
+            self.on_train_batch_end = self._draw_step
+        else:
+            vars(self).pop("on_train_batch_end", None)
+
     # -- hooks ------------------------------------------------------------------------------
 
     def on_train_begin(self, logs=None):
         self._close()
         self._best = None
-        self._active_style = self._choose_style()
         if self._active_style == "notebook":
             self.notebook = NotebookProgress()
 
@@ -136,7 +145,9 @@ class ProgressBar(Callback):
                 mininterval=self.mininterval,
             )
 
-    def on_train_batch_end(self, batch, logs=None):
+    def _draw_step(self, batch, logs=None):
+        """``on_train_batch_end`` while a bar is drawn (see :meth:`set_model`): redrawn every
+        ``mininterval`` seconds at most."""
         if self.step_bar is None and self.notebook is None:
             return
         self._unshown_steps += 1
