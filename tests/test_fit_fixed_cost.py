@@ -186,6 +186,12 @@ def row_by_row(rows, columns=None):
             ["epoch", "train_loss"],
         ),
         ([{"epoch": 1.0, "train_loss": 0.5}], None),  # a run's results sent back from a worker
+        # the epoch among the floats, and a float column a callback added to the second row only
+        (
+            [{"train_loss": 0.5, "epoch": 3, "lr": 0.1}, {"train_loss": 0.4, "epoch": 4, "lr": 0.05, "ema": 0.2}],
+            None,
+        ),
+        ([{"epoch": 1}, {"epoch": 2}], ["epoch"]),
     ],
 )
 def test_the_history_frame_is_the_one_pandas_builds_row_by_row(rows, columns):
