@@ -20,7 +20,12 @@ inputs, where compute dominates; and the ratio to the bare loop of the same roun
 of a round run back to back, so a busy machine slows them alike): its median, min and max
 over the rounds. Targets: (a) <= 1.05x, (b) <= 1.02x.
 
-    python benchmarks/overhead.py [--repeats 5] [--epochs 3] [--device cpu] [--no-compile]
+Then (c), the loop's own cost per training step in microseconds: ``fit core`` against the bare
+loop on a one-layer net with batches of 4, where a step is nearly all Python, so the difference
+is the step's bookkeeping and little else (one torch thread; the median over rounds of the two
+in turn). Leave it out with ``--only mlp`` or ``--only cnn``.
+
+    python benchmarks/overhead.py [--repeats 5] [--epochs 3] [--device cpu] [--no-compile] [--only mlp|cnn|step]
 """
 
 from __future__ import annotations
@@ -255,12 +260,50 @@ def measure(task, repeats, epochs, device, compile=True):
     return medians
 
 
+def step_cost(repeats: int, epochs: int = 3) -> float:
+    """(c): microseconds per training step that ``fit core`` adds to the bare loop, on the CPU with one
+    torch thread, a one-layer net and batches of 4 (512 steps an epoch)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(2048, 4, generator=gen), torch.randint(0, 2, (2048,), generator=gen)
+    loader = DataLoader(TensorDataset(x, y), batch_size=4)
+    make_net = lambda: nn.Linear(4, 2)
+    cpu = torch.device("cpu")
+
+    def bare() -> float:
+        return run_bare(make_net, loader, [], epochs, cpu)
+
+    def fit_core() -> float:
+        net, loss_fn, optimizer, _ = make_parts(make_net)
+        model = kt.KerasModel(net, loss_fn, None, optimizer)
+        clock = EpochClock()
+        model.fit(loader, epochs=epochs, patience=None, monitor="train_loss", verbose=0, callbacks=[clock])
+        return (clock.end - clock.start) / clock.epochs
+
+    try:
+        bare(), fit_core()  # warm-up
+        extra = []
+        for _ in range(3 * repeats):
+            base = bare()
+            extra.append(fit_core() - base)
+    finally:
+        torch.set_num_threads(threads)
+    per_step = statistics.median(extra) / len(loader) * 1e6
+    print(
+        f"\n(c) the loop's own cost: fit core over the bare loop, one-layer net, batches of 4, one thread: "
+        f"{per_step:.1f} us per step (median of {len(extra)} rounds; min {min(extra) / len(loader) * 1e6:.1f}, "
+        f"max {max(extra) / len(loader) * 1e6:.1f})"
+    )
+    return per_step
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--only", choices=["mlp", "cnn"], default=None)
+    parser.add_argument("--only", choices=["mlp", "cnn", "step"], default=None)
     parser.add_argument("--no-compile", action="store_true", help="leave out the compile=True column")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -269,6 +312,8 @@ def main(argv=None):
     for name, task in tasks.items():
         if args.only in (None, name):
             measure(task, args.repeats, args.epochs, device, compile=not args.no_compile)
+    if args.only in (None, "step"):
+        step_cost(args.repeats)
 
 
 if __name__ == "__main__":
