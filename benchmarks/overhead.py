@@ -25,7 +25,10 @@ loop on a one-layer net with batches of 4, where a step is nearly all Python, so
 is the step's bookkeeping and little else (one torch thread; the median over rounds of the two
 in turn). Leave it out with ``--only mlp`` or ``--only cnn``.
 
-    python benchmarks/overhead.py [--repeats 5] [--epochs 3] [--device cpu] [--no-compile] [--only mlp|cnn|step]
+``--only features`` prints (d) instead: what each of ``fit``'s features in (a) (the metric, the
+checkpoint file, the progress output, early stopping) adds alone to ``fit core``'s epoch.
+
+    python benchmarks/overhead.py [--repeats 5] [--epochs 3] [--device cpu] [--no-compile] [--only mlp|cnn|step|features]
 """
 
 from __future__ import annotations
@@ -186,27 +189,42 @@ class EpochClock(kt.Callback):
         self.epoch_times.append(self.end - self.epoch_start)
 
 
+# What `fit` is asked to do in this benchmark beyond the bare loop, each of which can be left out.
+FEATURES = ("metric", "checkpoint", "progress", "early stopping")
+
+
 def run_fit(
-    make_net, dl_train, dl_val, epochs, device, ckpt_path, precision="32-true", verbose=1, compile=False, core=False
+    make_net,
+    dl_train,
+    dl_val,
+    epochs,
+    device,
+    ckpt_path,
+    precision="32-true",
+    verbose=1,
+    compile=False,
+    core=False,
+    features=FEATURES,
 ):
     """``core=True``: fit with nothing optional (no metric, no progress bar, no checkpoint file, no
     early stopping; the best weights by val_loss still kept in memory), to tell the loop's own
-    cost from its features'."""
+    cost from its features'. ``features``: those of :data:`FEATURES` that are on (all, by default)."""
+    on = set() if core else set(features)
     net, loss_fn, optimizer, metric = make_parts(make_net)
-    model = kt.KerasModel(net, loss_fn, None if core else {"acc": metric}, optimizer)
+    model = kt.KerasModel(net, loss_fn, {"acc": metric} if "metric" in on else None, optimizer)
     clock = EpochClock(first_epoch=2 if compile else 1)
     model.fit(
         dl_train,
         dl_val,
         epochs=epochs,
-        patience=None if core else 5,
-        monitor="val_loss" if core else "val_acc",
-        mode="min" if core else "max",
-        ckpt_path=None if core else ckpt_path,
+        patience=5 if "early stopping" in on else None,
+        monitor="val_acc" if "metric" in on else "val_loss",
+        mode="max" if "metric" in on else "min",
+        ckpt_path=ckpt_path if "checkpoint" in on else None,
         callbacks=[clock],
         accelerator=device.type,
         precision=precision,
-        verbose=0 if core else verbose,
+        verbose=verbose if "progress" in on else 0,
         compile="strict" if compile else False,
     )
     seconds = (clock.end - clock.start) / clock.epochs
@@ -260,6 +278,31 @@ def measure(task, repeats, epochs, device, compile=True):
     return medians
 
 
+def feature_costs(repeats: int, epochs: int, device: torch.device) -> dict:
+    """(d): what each of `fit`'s features adds to an epoch of (a), alone on top of ``fit core``:
+    milliseconds per epoch over ``fit core``'s, median over rounds of all the variants in turn."""
+    title, train, val, make_net, batch_size = tiny_mlp_task()
+    dl_train = DataLoader(train, batch_size=batch_size, shuffle=True)
+    dl_val = DataLoader(val, batch_size=batch_size)
+    variants = {"fit core": (), **{f"+ {name}": (name,) for name in FEATURES}, "fit (all)": FEATURES}
+    times: dict[str, list[float]] = {"bare": [], **{name: [] for name in variants}}
+    with tempfile.TemporaryDirectory() as folder:
+        ckpt = os.path.join(folder, "best.pt")
+        run_bare(make_net, dl_train, dl_val, 1, device)
+        for _ in range(repeats):
+            times["bare"].append(run_bare(make_net, dl_train, dl_val, epochs, device))
+            for name, features in variants.items():
+                times[name].append(run_fit(make_net, dl_train, dl_val, epochs, device, ckpt, features=features))
+    core = statistics.median(times["fit core"])
+    print(f"\n(d) {title} on {device}: each feature alone over fit core ({repeats} runs of {epochs} epochs)")
+    print(f"{'loop':<18}{'median ms/epoch':>16}{'over fit core':>15}{'x bare of its round':>21}")
+    for name, values in times.items():
+        rounds = statistics.median([t / bare for t, bare in zip(values, times["bare"])])
+        median = statistics.median(values)
+        print(f"{name:<18}{median * 1e3:>16.2f}{(median - core) * 1e3:>+15.2f}{rounds:>21.3f}")
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def step_cost(repeats: int, epochs: int = 3) -> float:
     """(c): microseconds per training step that ``fit core`` adds to the bare loop, on the CPU with one
     torch thread, a one-layer net and batches of 4 (512 steps an epoch)."""
@@ -303,7 +346,9 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--only", choices=["mlp", "cnn", "step"], default=None)
+    parser.add_argument(
+        "--only", choices=["mlp", "cnn", "step", "features"], default=None, help="features: (d), only when asked"
+    )
     parser.add_argument("--no-compile", action="store_true", help="leave out the compile=True column")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -314,6 +359,8 @@ def main(argv=None):
             measure(task, args.repeats, args.epochs, device, compile=not args.no_compile)
     if args.only in (None, "step"):
         step_cost(args.repeats)
+    if args.only == "features":
+        feature_costs(args.repeats, args.epochs, device)
 
 
 if __name__ == "__main__":
