@@ -137,7 +137,7 @@ class HostSync:
         return " <- ".join(str(frame) for frame in self.stack[:depth])
 
     def passes_through(self, function: str) -> bool:
-        """True when a frame of the stack is ``function`` (``"ProgressBar._draw_step"``,
+        """True when a frame of the stack is ``function`` (``"ProgressBar.on_train_batch_end"``,
         or a bare name such as ``"on_train_batch_end"``)."""
         return any(frame.function == function or frame.function.rsplit(".", 1)[-1] == function for frame in self.stack)
 

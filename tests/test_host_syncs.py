@@ -44,7 +44,7 @@ STEPS = (EPOCHS * 8, EPOCHS * 24)  # training steps of the two runs compared
 EMA_DECAY = 0.9
 CLIP = 1.0
 ACCUMULATE = 4
-REDRAW = "ProgressBar._draw_step"  # where the progress bar reads the running values
+REDRAW = "ProgressBar.on_train_batch_end"  # where the progress bar reads the running values
 # With several processes, the preemption watch reads the answer of its last all-reduce of the
 # processes' signal flags: a CPU tensor in a gloo group on every device (never a device read),
 # exchanged about every CHECK_EVERY_SECONDS, not every step. Time-throttled like a redraw.

@@ -162,6 +162,19 @@ def test_only_a_drawn_bar_is_called_at_every_step(loaders, monkeypatch):
     assert [line[:10] for line in log.getvalue().splitlines()] == ["Epoch 1/2 ", "Epoch 2/2 "]
 
 
+def test_a_bar_of_the_users_own_with_a_step_hook_is_still_called_at_every_step(loaders, monkeypatch):
+    steps = []
+
+    class CountingBar(ProgressBar):
+        def on_train_batch_end(self, batch, logs=None):
+            steps.append(batch)
+            super().on_train_batch_end(batch, logs)
+
+    monkeypatch.setattr("sys.stdout", io.StringIO())
+    small_model().fit(*loaders, epochs=1, patience=None, verbose=0, callbacks=[CountingBar(style="lines")])
+    assert steps == list(range(22))
+
+
 def test_unknown_style_is_refused():
     with pytest.raises(ValueError, match="style='fancy'.*'auto', 'notebook', 'terminal', 'lines'"):
         ProgressBar(style="fancy")

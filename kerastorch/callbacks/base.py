@@ -120,7 +120,8 @@ _CLASS_HOOKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def hooks_of(cb: Any) -> frozenset[str]:
-    """The hooks ``cb`` implements itself: its class's, and those set on the instance (LambdaCallback)."""
+    """The hooks ``cb`` implements itself: its class's, and those set on the instance (LambdaCallback's;
+    one set to None there is not implemented, whatever the class says)."""
     cls = type(cb)
     hooks = _CLASS_HOOKS.get(cls)
     if hooks is None:

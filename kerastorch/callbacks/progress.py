@@ -113,11 +113,12 @@ class ProgressBar(Callback):
         super().set_model(model)
         self._active_style = self._choose_style()
         # Only a drawn bar needs a call at every step; the epoch's line alone (CI logs, pipes, verbose=2)
-        # needs none, and the loop then makes none. An instance's own hook, as a LambdaCallback's.
-        if self._active_style in ("terminal", "notebook"):
-            self.on_train_batch_end = self._draw_step
-        else:
-            vars(self).pop("on_train_batch_end", None)
+        # needs none, and the loop then makes none: a hook set to None on the instance is one the
+        # callback list does not call (see callbacks.base.hooks_of). A subclass's own hook stays.
+        vars(self).pop("on_train_batch_end", None)
+        drawn = self._active_style in ("terminal", "notebook")
+        if not drawn and type(self).on_train_batch_end is ProgressBar.on_train_batch_end:
+            self.on_train_batch_end = None
 
     # -- hooks ------------------------------------------------------------------------------
 
@@ -145,9 +146,7 @@ class ProgressBar(Callback):
                 mininterval=self.mininterval,
             )
 
-    def _draw_step(self, batch, logs=None):
-        """``on_train_batch_end`` while a bar is drawn (see :meth:`set_model`): redrawn every
-        ``mininterval`` seconds at most."""
+    def on_train_batch_end(self, batch, logs=None):
         if self.step_bar is None and self.notebook is None:
             return
         self._unshown_steps += 1
