@@ -21,9 +21,10 @@ Two layers see the reads, because no single one sees them all on the CPU:
   any device.
 
 What neither layer sees: waits made in C++ without an aten op (``torch.cuda.synchronize()``,
-an event's or a stream's ``synchronize``, a collective's ``wait``) and kernels that sync
-inside themselves on CUDA. On a GPU, ``torch.cuda.set_sync_debug_mode("error")`` catches
-those; the guard test has a CUDA variant that runs under it.
+an event's or a stream's ``synchronize``, a collective's ``wait``), kernels that sync
+inside themselves on CUDA, and a blocking copy from the host to the GPU. On a GPU torch sees
+those itself: :func:`count_cuda_syncs` counts what ``torch.cuda.set_sync_debug_mode("warn")``
+reports, and the guard test has CUDA variants that count with it and run under "error".
 
 Every counted read keeps the Python stack that made it (:class:`HostSync`), so a count
 can say where the reads come from, and reads can be sorted by who made them (a progress
@@ -56,6 +57,7 @@ import contextlib
 import dataclasses
 import os
 import sys
+import warnings
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -273,6 +275,35 @@ def count_host_syncs() -> Iterator[HostSyncs]:
         yield syncs
 
 
+_WARNINGS_MODULE = os.path.abspath(warnings.__file__)
+CUDA_SYNC_MESSAGE = "called a synchronizing CUDA operation"  # torch's text in "warn" mode
+
+
+@contextlib.contextmanager
+def count_cuda_syncs() -> Iterator[HostSyncs]:
+    """Count the synchronizing CUDA calls made in the block, as torch itself reports them with
+    ``torch.cuda.set_sync_debug_mode("warn")``: every read of a GPU value, a blocking copy
+    either way, a stream or device synchronize. Each is a :class:`HostSync` with op
+    ``"cuda sync"`` and the Python stack that made it. Needs a CUDA GPU."""
+    syncs = HostSyncs()
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if CUDA_SYNC_MESSAGE not in str(message):
+            return
+        stack = tuple(frame for frame in _stack() if frame.file != _WARNINGS_MODULE)
+        syncs.append(HostSync("cuda sync", stack))
+
+    previous_mode = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record  # called where the warning is raised: the stack is the caller's
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield syncs
+        finally:
+            torch.cuda.set_sync_debug_mode(previous_mode)
+
+
 @dataclasses.dataclass
 class StepSyncs:
     """Reads per step, from two runs that differ only in their number of steps."""
@@ -316,6 +347,7 @@ def syncs_per_step(
     run: Callable[[int], Any],
     steps: tuple[int, int] = (8, 24),
     ignore: Optional[Callable[[HostSync], bool]] = None,
+    counter: Callable[[], Any] = count_host_syncs,
 ) -> StepSyncs:
     """Reads per step of ``run(n)`` (which runs n steps): counted in a run of ``steps[0]`` and
     one of ``steps[1]``, the difference divided by the difference in steps.
@@ -323,14 +355,15 @@ def syncs_per_step(
     What happens once per run or per epoch (set-up, first-batch checks, the epoch's end, a
     sampler's shuffle) cancels out; what happens every k steps counts 1/k per step. Reads
     for which ``ignore`` is true (e.g. a progress bar's redraws, which follow the clock,
-    not the steps) are left out of both runs.
+    not the steps) are left out of both runs. ``counter``: :func:`count_host_syncs`, or
+    :func:`count_cuda_syncs` on a GPU.
     """
     counted = []
     for n in steps:
-        with count_host_syncs() as syncs:
+        with counter() as syncs:
             run(n)
         counted.append(syncs if ignore is None else syncs.where(lambda sync: not ignore(sync)))
     return StepSyncs(counted[0], counted[1], steps)
 
 
-__all__ = ["HostSync", "HostSyncs", "StepSyncs", "count_host_syncs", "syncs_per_step"]
+__all__ = ["HostSync", "HostSyncs", "StepSyncs", "count_cuda_syncs", "count_host_syncs", "syncs_per_step"]

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 import torchmetrics
-from host_syncs import StepSyncs, count_host_syncs, syncs_per_step
+from host_syncs import StepSyncs, count_cuda_syncs, count_host_syncs, syncs_per_step
 from torch import nn
 from torch.nn import functional as F
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
@@ -72,9 +72,9 @@ def training_data(ds_train: Any, steps: int) -> Subset:
     return Subset(ds_train, range(steps // EPOCHS * BATCH))
 
 
-def validation_loader(ds_val: Any) -> DataLoader:
+def validation_loader(ds_val: Any, pin_memory: bool = False) -> DataLoader:
     """Three batches, the last one short: validation runs, and is the same in both runs compared."""
-    return DataLoader(Subset(ds_val, range(3 * BATCH - 4)), batch_size=BATCH)
+    return DataLoader(Subset(ds_val, range(3 * BATCH - 4)), batch_size=BATCH, pin_memory=pin_memory)
 
 
 def with_weights(dataset: Any) -> TensorDataset:
@@ -91,47 +91,66 @@ def bare_loop(
     ema: bool = False,
     weights: Optional[str] = None,
     metric: Optional[Callable] = None,
+    device: str = "cpu",
+    precision: str = "32-true",
 ) -> Callable[[int], None]:
     """A loop written by hand, with what a fit case adds, done the way torch's docs do it:
     forward, backward, clip, step, scheduler, AveragedModel's EMA; a validation pass per epoch;
-    nothing logged. ``weights``: "sample" (a weight per sample in the batch) or "class"."""
+    nothing logged. ``weights``: "sample" (a weight per sample in the batch) or "class".
+    On a GPU (``device="cuda"``) batches are copied without blocking, from pinned memory, and
+    ``precision`` "bf16-mixed" or "16-mixed" runs the forward pass under autocast ("16-mixed"
+    with a GradScaler), as torch's AMP recipe does."""
     ds_train, ds_val = digits8
+    half = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    pin = device == "cuda"
 
     def run(steps: int) -> None:
-        net = make_mlp()
+        net = make_mlp().to(device)
         optimizer = adam(net)
+        scaler = torch.amp.GradScaler(device) if precision == "16-mixed" else None
         schedule = step_scheduler(optimizer) if scheduler else None
         averaged = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(EMA_DECAY), use_buffers=True) if ema else None
         data = training_data(ds_train, steps)
-        train = DataLoader(with_weights(data) if weights == "sample" else data, batch_size=BATCH, shuffle=True)
-        class_weights = torch.linspace(0.5, 1.5, 10)
+        train = DataLoader(
+            with_weights(data) if weights == "sample" else data, batch_size=BATCH, shuffle=True, pin_memory=pin
+        )
+        class_weights = torch.linspace(0.5, 1.5, 10, device=device)
         for _ in range(EPOCHS):
             net.train()
             for i, batch in enumerate(train, 1):
-                x, y = batch[0], batch[1]
-                preds = net(x)
-                if weights == "sample":
-                    loss = (F.cross_entropy(preds, y, reduction="none") * batch[2]).mean()
-                elif weights == "class":
-                    loss = (F.cross_entropy(preds, y, reduction="none") * class_weights[y]).mean()
-                else:
-                    loss = F.cross_entropy(preds, y)
+                x, y = (t.to(device, non_blocking=True) for t in batch[:2])
+                with torch.autocast(device, dtype=half, enabled=half is not None):
+                    preds = net(x)
+                    if weights == "sample":
+                        w = batch[2].to(device, non_blocking=True)
+                        loss = (F.cross_entropy(preds, y, reduction="none") * w).mean()
+                    elif weights == "class":
+                        loss = (F.cross_entropy(preds, y, reduction="none") * class_weights[y]).mean()
+                    else:
+                        loss = F.cross_entropy(preds, y)
                 if metric is not None:
                     metric(preds, y)
-                (loss / accumulate).backward()
+                loss = loss / accumulate
+                (scaler.scale(loss) if scaler else loss).backward()
                 if i % accumulate == 0 or i == len(train):
                     if clip:
+                        if scaler:
+                            scaler.unscale_(optimizer)
                         nn.utils.clip_grad_norm_(net.parameters(), CLIP)
-                    optimizer.step()
+                    if scaler:
+                        scaler.step(optimizer)
+                        scaler.update()
+                    else:
+                        optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
                     if schedule is not None:
                         schedule.step()
                     if averaged is not None:
                         averaged.update_parameters(net)
             net.eval()
-            with torch.no_grad():
-                for x, y in validation_loader(ds_val):
-                    F.cross_entropy(net(x), y)
+            with torch.no_grad(), torch.autocast(device, dtype=half, enabled=half is not None):
+                for x, y in validation_loader(ds_val, pin_memory=pin):
+                    F.cross_entropy(net(x.to(device, non_blocking=True)), y.to(device, non_blocking=True))
 
     return run
 
@@ -166,14 +185,15 @@ def fit_run(
                 y=y,
                 sample_weight=w,
                 batch_size=BATCH,
-                validation_data=validation_loader(ds_val),
+                validation_data=validation_loader(ds_val, fit_arguments.get("accelerator") == "cuda"),
                 epochs=EPOCHS,
                 callbacks=callbacks(),
                 **fit_arguments,
             )
             return
-        train = DataLoader(data, batch_size=BATCH, shuffle=True)
-        model.fit(train, validation_loader(ds_val), epochs=EPOCHS, callbacks=callbacks(), **fit_arguments)
+        pin = fit_arguments.get("accelerator") == "cuda"  # as the bare loop's on a GPU
+        train = DataLoader(data, batch_size=BATCH, shuffle=True, pin_memory=pin)
+        model.fit(train, validation_loader(ds_val, pin), epochs=EPOCHS, callbacks=callbacks(), **fit_arguments)
 
     return run
 
@@ -506,3 +526,33 @@ def test_on_cuda_the_default_path_never_syncs_after_the_first_step(digits8):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert history["val_loss"].iloc[-1] < history["val_loss"].iloc[0]
+
+
+# On a GPU each case of FIT_CASES, and the two mixed precisions, counted by torch itself.
+CUDA_CASES = {
+    **FIT_CASES,
+    "bf16-mixed": ({"precision": "bf16-mixed"}, {"precision": "bf16-mixed"}),
+    "16-mixed (GradScaler)": ({"precision": "16-mixed"}, {"precision": "16-mixed"}),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() == 0, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", CUDA_CASES)
+def test_on_cuda_fit_adds_no_synchronizing_call_per_step(digits8, tmp_path, case):
+    """The guard above, counted on a GPU by torch's own sync check ("warn" mode): every read of a
+    GPU value, blocking copy and synchronize, wherever made (kernels and C++ included). Where
+    torch's own parts sync at every step (AveragedModel's ``n_averaged`` test, GradScaler's
+    inf check) the bare loop makes the same calls; fit must add none."""
+    fit_arguments, bare_arguments = CUDA_CASES[case]
+    if fit_arguments.get("ckpt_path") == "CKPT":
+        fit_arguments = {**fit_arguments, "ckpt_path": tmp_path / "best.pt"}
+    fit = fit_run(digits8, verbose=0, accelerator="cuda", **fit_arguments)
+    bare = bare_loop(digits8, device="cuda", **bare_arguments)
+    fit_syncs = syncs_per_step(fit, STEPS, counter=count_cuda_syncs)
+    bare_syncs = syncs_per_step(bare, STEPS, counter=count_cuda_syncs)
+    assert fit_syncs.per_step == bare_syncs.per_step, (
+        f"on CUDA fit made {fit_syncs.per_step:g} synchronizing calls per training step and the bare loop "
+        f"{bare_syncs.per_step:g}; fit's own:\n{fit_syncs.added_over(bare_syncs)}\n"
+        f"all that grow with the steps, in fit:\n{fit_syncs.describe()}\nin the bare loop:\n{bare_syncs.describe()}"
+    )
