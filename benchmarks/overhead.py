@@ -18,17 +18,21 @@ Prints seconds per epoch (median and fastest over repeats) and the ratio to the 
 (a) a tiny MLP, where per-step overhead dominates, and (b) seed 003's CNN on 28x28
 inputs, where compute dominates; and the ratio to the bare loop of the same round (the loops
 of a round run back to back, so a busy machine slows them alike): its median, min and max
-over the rounds. Targets: (a) <= 1.05x, (b) <= 1.02x.
+over the rounds. Targets: (a) <= 1.05x, (b) <= 1.02x. On a GPU (the default where there is
+one) a transformer follows, 2 encoder layers of width 256 over 128 tokens (on the CPU, a smaller
+one, only with ``--only transformer``). ``--precision bf16-mixed`` runs every loop in it: the
+bare and seed loops under ``torch.autocast``, ``fit`` with ``precision="bf16-mixed"``.
 
-Then (c), the loop's own cost per training step in microseconds: ``fit core`` against the bare
-loop on a one-layer net with batches of 4, where a step is nearly all Python, so the difference
-is the step's bookkeeping and little else (one torch thread; the median over rounds of the two
-in turn). Leave it out with ``--only mlp`` or ``--only cnn``.
+Then, on the CPU, (c): the loop's own cost per training step in microseconds: ``fit core``
+against the bare loop on a one-layer net with batches of 4, where a step is nearly all Python,
+so the difference is the step's bookkeeping and little else (one torch thread; the median over
+rounds of the two in turn). Leave it out with ``--only mlp`` or ``--only cnn``.
 
 ``--only features`` prints (d) instead: what each of ``fit``'s features in (a) (the metric, the
 checkpoint file, the progress output, early stopping) adds alone to ``fit core``'s epoch.
 
-    python benchmarks/overhead.py [--repeats 5] [--epochs 3] [--device cpu] [--no-compile] [--only mlp|cnn|step|features]
+    python benchmarks/overhead.py [--repeats 5] [--epochs 3] [--device cpu|cuda] [--no-compile]
+        [--precision 32-true|bf16-mixed] [--only mlp|cnn|transformer|step|features]
 """
 
 from __future__ import annotations
@@ -67,6 +71,41 @@ def cnn_task():
     return "seed 003 CNN, 28x28 digits, batch 64", train, val, create_cnn, 64
 
 
+class TinyTransformer(nn.Module):
+    """A pre-norm transformer encoder over token ids, classifying from the first position."""
+
+    def __init__(self, vocab: int, width: int, heads: int, layers: int, length: int, classes: int = 10):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.position = nn.Parameter(torch.randn(length, width) * 0.02)
+        layer = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(tokens) + self.position)[:, 0])
+
+
+def transformer_task(on_gpu: bool):
+    """Transformer blocks' worth of compute per step: 2 layers of width 256 over 128 tokens on a
+    GPU; 2 layers of width 64 over 32 tokens on the CPU, so that a CPU run ends."""
+    vocab, width, heads, layers, length, samples = (
+        (1000, 256, 8, 2, 128, 4096) if on_gpu else (1000, 64, 4, 2, 32, 2048)
+    )
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, vocab, (samples + samples // 4, length), generator=gen)
+    labels = tokens[:, 0] % 10  # the class is read off the first token: learnable, cheap to make
+    train = TensorDataset(tokens[:samples], labels[:samples])
+    val = TensorDataset(tokens[samples:], labels[samples:])
+    make_net = lambda: TinyTransformer(vocab, width, heads, layers, length)
+    return f"transformer, {layers} layers of width {width} over {length} tokens, batch 64", train, val, make_net, 64
+
+
+def autocast(device, precision):
+    """The bare and seed loops' forward pass in ``precision``, as torch's AMP recipe writes it."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
+
+
 def make_parts(make_net, lr=1e-3):
     torch.manual_seed(0)
     net = make_net()
@@ -78,7 +117,7 @@ def make_parts(make_net, lr=1e-3):
     )
 
 
-def run_bare(make_net, dl_train, dl_val, epochs, device, parts=None):
+def run_bare(make_net, dl_train, dl_val, epochs, device, parts=None, precision="32-true"):
     """``parts``: ``make_parts(make_net)`` built beforehand (to time the loop alone), else built here."""
     net, loss_fn, optimizer, _ = parts or make_parts(make_net)
     net.to(device)
@@ -87,12 +126,13 @@ def run_bare(make_net, dl_train, dl_val, epochs, device, parts=None):
         net.train()
         for x, y in dl_train:
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            loss = loss_fn(net(x), y)
+            with autocast(device, precision):
+                loss = loss_fn(net(x), y)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         net.eval()
-        with torch.no_grad():
+        with torch.no_grad(), autocast(device, precision):
             for x, y in dl_val:
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 loss_fn(net(x), y)
@@ -101,7 +141,7 @@ def run_bare(make_net, dl_train, dl_val, epochs, device, parts=None):
     return (time.perf_counter() - start) / epochs
 
 
-def run_seed_loop(make_net, dl_train, dl_val, epochs, device, ckpt_path, parts=None):
+def run_seed_loop(make_net, dl_train, dl_val, epochs, device, ckpt_path, parts=None, precision="32-true"):
     """Seed 003's hand-written loop, its bugs (step9) fixed, on `device` (``parts`` as in run_bare)."""
     net, loss_fn, optimizer, metric = parts or make_parts(make_net)
     net.to(device)
@@ -115,8 +155,9 @@ def run_seed_loop(make_net, dl_train, dl_val, epochs, device, ckpt_path, parts=N
         train_metrics_dict = copy.deepcopy(metrics_dict)
         for i, (features, labels) in loop:
             features, labels = features.to(device), labels.to(device)
-            preds = net(features)
-            loss = loss_fn(preds, labels)
+            with autocast(device, precision):
+                preds = net(features)
+                loss = loss_fn(preds, labels)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
@@ -140,7 +181,7 @@ def run_seed_loop(make_net, dl_train, dl_val, epochs, device, ckpt_path, parts=N
         total_loss, step = 0, 0
         loop = tqdm(enumerate(dl_val), total=len(dl_val), file=sys.stderr)
         val_metrics_dict = copy.deepcopy(metrics_dict)
-        with torch.no_grad():
+        with torch.no_grad(), autocast(device, precision):
             for i, (features, labels) in loop:
                 features, labels = features.to(device), labels.to(device)
                 preds = net(features)
@@ -236,7 +277,7 @@ def run_fit(
 compile_seconds: list = []
 
 
-def measure(task, repeats, epochs, device, compile=True):
+def measure(task, repeats, epochs, device, compile=True, precision="32-true"):
     title, train, val, make_net, batch_size = task()
     pin = device.type == "cuda"
     dl_train = DataLoader(train, batch_size=batch_size, shuffle=True, pin_memory=pin)
@@ -245,19 +286,24 @@ def measure(task, repeats, epochs, device, compile=True):
     compile_seconds.clear()
     with tempfile.TemporaryDirectory() as folder:
         ckpt = os.path.join(folder, "best.pt")
-        run_bare(make_net, dl_train, dl_val, 1, device)  # warm-up: allocator, kernels, thread pools
+        # warm-up: allocator, kernels, thread pools
+        run_bare(make_net, dl_train, dl_val, 1, device, precision=precision)
         for _ in range(repeats):
-            times["bare"].append(run_bare(make_net, dl_train, dl_val, epochs, device))
-            times["fit"].append(run_fit(make_net, dl_train, dl_val, epochs, device, ckpt))
-            times["fit core"].append(run_fit(make_net, dl_train, dl_val, epochs, device, ckpt, core=True))
-            times["seed loop"].append(run_seed_loop(make_net, dl_train, dl_val, epochs, device, ckpt))
+            times["bare"].append(run_bare(make_net, dl_train, dl_val, epochs, device, precision=precision))
+            times["fit"].append(run_fit(make_net, dl_train, dl_val, epochs, device, ckpt, precision))
+            times["fit core"].append(run_fit(make_net, dl_train, dl_val, epochs, device, ckpt, precision, core=True))
+            times["seed loop"].append(
+                run_seed_loop(make_net, dl_train, dl_val, epochs, device, ckpt, precision=precision)
+            )
             if compile:
-                times["fit compile"].append(run_fit(make_net, dl_train, dl_val, epochs, device, ckpt, compile=True))
+                times["fit compile"].append(
+                    run_fit(make_net, dl_train, dl_val, epochs, device, ckpt, precision, compile=True)
+                )
     # The median is the headline; the fastest run shows the overhead with the least noise
     # from whatever else the machine is doing.
     medians = {k: statistics.median(v) for k, v in times.items()}
     fastest = {k: min(v) for k, v in times.items()}
-    print(f"\n{title} on {device} ({repeats} runs of {epochs} epochs each)")
+    print(f"\n{title} on {device}, {precision} ({repeats} runs of {epochs} epochs each)")
     print(
         f"{'loop':<12}{'median s/epoch':>16}{'x bare':>9}{'fastest s/epoch':>17}{'x bare':>9}"
         f"{'x bare of its round: median (min-max)':>40}"
@@ -347,17 +393,30 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
-        "--only", choices=["mlp", "cnn", "step", "features"], default=None, help="features: (d), only when asked"
+        "--only",
+        choices=["mlp", "cnn", "transformer", "step", "features"],
+        default=None,
+        help="features: (d), only when asked; transformer: on the CPU only when asked",
     )
     parser.add_argument("--no-compile", action="store_true", help="leave out the compile=True column")
+    parser.add_argument(
+        "--precision",
+        choices=["32-true", "bf16-mixed"],
+        default="32-true",
+        help="of every loop (autocast in the others)",
+    )
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, kerastorch {kt.__version__}")
-    tasks = {"mlp": tiny_mlp_task, "cnn": cnn_task}
+    if device.type == "cuda":
+        print(f"{torch.cuda.get_device_name(device)}")
+    on_gpu = device.type == "cuda"
+    tasks = {"mlp": tiny_mlp_task, "cnn": cnn_task, "transformer": lambda: transformer_task(on_gpu)}
     for name, task in tasks.items():
-        if args.only in (None, name):
-            measure(task, args.repeats, args.epochs, device, compile=not args.no_compile)
-    if args.only in (None, "step"):
+        # the transformer is (a)'s and (b)'s GPU companion: on the CPU, only when asked
+        if args.only == name or (args.only is None and (name != "transformer" or on_gpu)):
+            measure(task, args.repeats, args.epochs, device, compile=not args.no_compile, precision=args.precision)
+    if args.only == "step" or (args.only is None and not on_gpu):  # (c) is a CPU figure
         step_cost(args.repeats)
     if args.only == "features":
         feature_costs(args.repeats, args.epochs, device)
