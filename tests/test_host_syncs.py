@@ -88,15 +88,17 @@ def bare_loop(
     accumulate: int = 1,
     clip: bool = False,
     scheduler: bool = False,
-    ema: bool = False,
+    ema: Any = False,
     weights: Optional[str] = None,
     metric: Optional[Callable] = None,
     device: str = "cpu",
     precision: str = "32-true",
 ) -> Callable[[int], None]:
     """A loop written by hand, with what a fit case adds, done the way torch's docs do it:
-    forward, backward, clip, step, scheduler, AveragedModel's EMA; a validation pass per epoch;
-    nothing logged. ``weights``: "sample" (a weight per sample in the batch) or "class".
+    forward, backward, clip, step, scheduler; a validation pass per epoch; nothing logged.
+    ``ema=True``: an EMA of the weights with torch's foreach lerp after each step (the copy made
+    up front); ``ema="torch"``: torch's ``AveragedModel`` with its EMA function, as its docs show.
+    ``weights``: "sample" (a weight per sample in the batch) or "class".
     On a GPU (``device="cuda"``) batches are copied without blocking, from pinned memory, and
     ``precision`` "bf16-mixed" or "16-mixed" runs the forward pass under autocast ("16-mixed"
     with a GradScaler), as torch's AMP recipe does."""
@@ -109,7 +111,13 @@ def bare_loop(
         optimizer = adam(net)
         scaler = torch.amp.GradScaler(device) if precision == "16-mixed" else None
         schedule = step_scheduler(optimizer) if scheduler else None
-        averaged = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(EMA_DECAY), use_buffers=True) if ema else None
+        averaged = (
+            AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(EMA_DECAY), use_buffers=True)
+            if ema == "torch"
+            else [p.detach().clone() for p in net.parameters()]
+            if ema
+            else None
+        )
         data = training_data(ds_train, steps)
         train = DataLoader(
             with_weights(data) if weights == "sample" else data, batch_size=BATCH, shuffle=True, pin_memory=pin
@@ -145,8 +153,10 @@ def bare_loop(
                     optimizer.zero_grad(set_to_none=True)
                     if schedule is not None:
                         schedule.step()
-                    if averaged is not None:
+                    if isinstance(averaged, AveragedModel):
                         averaged.update_parameters(net)
+                    elif averaged is not None:
+                        torch._foreach_lerp_(averaged, [p.detach() for p in net.parameters()], 1 - EMA_DECAY)
             net.eval()
             with torch.no_grad(), torch.autocast(device, dtype=half, enabled=half is not None):
                 for x, y in validation_loader(ds_val, pin_memory=pin):
@@ -328,6 +338,18 @@ def test_fit_adds_no_host_sync_per_step(digits8, tmp_path, case):
         fit_arguments = {**fit_arguments, "ckpt_path": tmp_path / "best.pt"}
     fit = fit_run(digits8, verbose=0, **fit_arguments)
     assert_no_added_syncs(fit, bare_loop_syncs(digits8, **bare_arguments))
+
+
+def test_torchs_averaged_model_reads_its_counter_at_each_update_and_fits_ema_does_not(digits8):
+    """torch's ``AveragedModel`` tests its ``n_averaged`` counter twice per update (``bool(n == 0)``,
+    ``n > 0``), and on a GPU copies it to the device, which waits for the step; ``kt.callbacks.EMA``
+    (same arithmetic) reads it once per fit. Per step: torch's EMA 2 reads more than the loop
+    without one, fit with ``EMA`` none more."""
+    plain = bare_loop_syncs(digits8)
+    assert bare_loop_syncs(digits8, ema="torch").per_step == plain.per_step + 2
+    ema = lambda: [kt.callbacks.EMA(decay=EMA_DECAY)]
+    fit_syncs = syncs_per_step(fit_run(digits8, verbose=0, callbacks=ema), STEPS, ignore=is_redraw)
+    assert fit_syncs.per_step == plain.per_step, fit_syncs.added_over(plain)
 
 
 def test_verbose_1_in_a_log_adds_no_host_sync_per_step(digits8, capsys):

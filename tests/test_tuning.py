@@ -129,6 +129,45 @@ def test_evaluate_after_fit_with_averaged_weights_equals_the_best_row(callback):
     assert best["val_acc"] > 0.85
 
 
+def test_ema_averages_exactly_as_torchs_averaged_model():
+    """kt's EMA updates without reading its counter back (no GPU wait per step); its average is
+    torch's ``AveragedModel`` with ``get_ema_multi_avg_fn`` bit for bit: parameters, BatchNorm's
+    float statistics and its integer batch count, through a state loaded in between."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    from kerastorch.callbacks.ema import EMAModel
+
+    net = make_model(batch_norm=True).net
+    ours, torchs = EMAModel(net, 0.8), AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(0.8), use_buffers=True)
+    g = torch.Generator().manual_seed(0)
+
+    def train_a_little():
+        net.train()
+        net(torch.randn(16, 8, generator=g))  # moves BatchNorm's statistics and its count
+        with torch.no_grad():
+            for p in net.parameters():
+                p.add_(torch.randn(p.shape, generator=g))
+
+    def same():
+        return all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), torchs.state_dict().values()))
+
+    for _ in range(5):
+        train_a_little()
+        ours.update_parameters(net)
+        torchs.update_parameters(net)
+        assert same()
+    assert ours.n_averaged.item() == 5 and not torch.equal(ours.module[0].weight, net[0].weight)
+    # A state loaded into a started average: one not yet started makes the next update a copy again.
+    fresh = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(0.8), use_buffers=True).state_dict()
+    ours.load_state_dict(fresh)
+    torchs.load_state_dict(fresh)
+    for _ in range(2):
+        train_a_little()
+        ours.update_parameters(net)
+        torchs.update_parameters(net)
+        assert same()
+
+
 def test_ema_validates_the_average_not_the_trained_weights():
     train, val = loaders()
     model = make_model(lr=0.05)
