@@ -564,8 +564,8 @@ CUDA_CASES = {
 def test_on_cuda_fit_adds_no_synchronizing_call_per_step(digits8, tmp_path, case):
     """The guard above, counted on a GPU by torch's own sync check ("warn" mode): every read of a
     GPU value, blocking copy and synchronize, wherever made (kernels and C++ included). Where
-    torch's own parts sync at every step (AveragedModel's ``n_averaged`` test, GradScaler's
-    inf check) the bare loop makes the same calls; fit must add none."""
+    torch's own parts sync at every step (the GradScaler's inf check) the bare loop makes the
+    same calls; fit must add none."""
     fit_arguments, bare_arguments = CUDA_CASES[case]
     if fit_arguments.get("ckpt_path") == "CKPT":
         fit_arguments = {**fit_arguments, "ckpt_path": tmp_path / "best.pt"}
