@@ -32,7 +32,9 @@ slows all alike:
    epoch's begin hook to the return of its fit call, so its set-up is left out;
 2. the fixed cost of one fit call: one epoch on one training batch and one validation
    batch, of the tiny MLP (where nearly all of it is the library's own work) and of the CNN,
-   the model built once beforehand (median milliseconds, and over the bare loop's);
+   the model built once beforehand (median milliseconds, and over the bare loop's), and
+   whether kerastorch's call is at most 2x poutyne's, from the rounds' ratios and their noise
+   (``verdicts.py``);
 3. host syncs per training step on the tiny MLP, counted with the tests' counter
    (``tests/host_syncs.py``): two runs of 8 and 24 steps, the difference per step.
 
@@ -62,6 +64,7 @@ import torchmetrics
 from overhead import cnn_task, make_parts, run_bare, run_seed_loop, tiny_mlp_task
 from torch import nn
 from torch.utils.data import DataLoader, Subset
+from verdicts import verdict
 
 import kerastorch as kt
 
@@ -72,6 +75,7 @@ from host_syncs import syncs_per_step
 LOOPS = ["bare", "seed loop", "torchkeras", "Lightning", "poutyne", "Keras 3", "kerastorch"]
 NEEDS = {"torchkeras": "torchkeras", "Lightning": "lightning", "poutyne": "poutyne", "Keras 3": "keras"}
 LR = 1e-3
+FIXED_COST_TARGET = 2.0  # the most a one-batch fit call may take, in poutyne's calls
 
 
 def accuracy_metric() -> torchmetrics.Metric:
@@ -357,6 +361,9 @@ def fixed_costs(task: Callable, loops: list[str], repeats: int, progress: bool) 
         print(
             f"{name:<12}{statistics.median(ms):>8.1f}{statistics.median(ms) - bare:>11.1f}{min(ms):>9.1f}{max(ms):>9.1f}"
         )
+    if "kerastorch" in times and "poutyne" in times:  # the rounds' ratios, with their noise (verdicts.py)
+        rounds = [ours / theirs for ours, theirs in zip(times["kerastorch"], times["poutyne"])]
+        print(f"target, kerastorch's call <= {FIXED_COST_TARGET:g}x poutyne's: {verdict(rounds, FIXED_COST_TARGET)}")
     return {name: f"{statistics.median(times[name]) * 1e3:.1f} ({min(times[name]) * 1e3:.1f})" for name in loops}
 
 
