@@ -45,9 +45,11 @@ def verdict(ratios: Sequence[float], target: float, confidence: float = 0.95) ->
     median = statistics.median(ratios)
     interval = median_interval(ratios, confidence)
     if interval is None:
+        # n rounds all on one side of the median: probability 2 / 2**n, which must be at most 1 - confidence.
+        fewest = math.ceil(math.log2(2 / (1 - confidence)))
         return (
-            f"can't tell: {len(ratios)} rounds give no {confidence:.0%} interval for their median "
-            f"({median:.3f}x); run at least 6"
+            f"can't tell: {len(ratios)} rounds give no {confidence * 100:g} % interval for their median "
+            f"({median:.3f}x); run at least {fewest}"
         )
     low, high, coverage = interval
     said = (
