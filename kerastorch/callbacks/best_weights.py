@@ -85,6 +85,9 @@ class RestoreBestWeights(MonitorCallback):
         self.kept.end(self.model, logs, self.params, broke)
 
     def state_dict(self):
+        # A training state that holds these weights is written only once ckpt_path holds them too:
+        # a run killed after it must not resume with an older file at ckpt_path.
+        self.kept.wait_written()
         return {**super().state_dict(), "best_weights": self.best_weights}
 
     def load_state_dict(self, state):

@@ -8,6 +8,11 @@ their copy in host memory and write it to ``ckpt_path``, atomically.
 
 A run holds one copy of the net in host memory, however many epochs it keeps: each kept epoch's
 weights are written over the copy they replace (the weights from before training, for the first).
+
+The file is written from that copy on a thread of its own (:mod:`~kerastorch.files.background`), so
+training goes on while the disk takes it. It is whole again before anything relies on it: before the
+next kept epoch writes over the copy, before a training state that holds the kept weights is written
+(:meth:`KeptWeights.wait_written`), and before ``fit`` returns.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Union
 
+from ..files.background import BackgroundWrite
 from ..files.weights import save_weights
 from ..strategies import strategy_of
 
@@ -27,6 +33,7 @@ class KeptWeights:
         self.stale_state = stale_state  # an old run's training state, removed when this run first writes ckpt_path
         self.initial: Optional[dict] = None
         self.weights: Optional[dict] = None  # the last epoch's weights kept (None: none yet)
+        self._writing: Optional[BackgroundWrite] = None  # the file being written from ``weights``
 
     def begin(self, model: Any) -> None:
         """Hold the weights from before training: the fallback until an epoch's are kept."""
@@ -39,16 +46,23 @@ class KeptWeights:
         It is written over the previous copy (the weights from before training, for the first), which
         is let go of first: stopped halfway (Ctrl-C), no copy is kept, and the net holds the weights
         that were being kept. The epoch they belong to has ended, so the weights from before training
-        are no fallback any more."""
+        are no fallback any more.
+
+        The file is written on a thread while training goes on (see the module's note)."""
+        self.wait_written()  # the write under way reads the copy about to be written over
         previous = self.weights if self.weights is not None else self.initial
         self.weights = self.initial = None
         self.weights = strategy_of(model).whole_weights(model.net, into=previous)
         if self.ckpt_path and model.is_main_process:
-            save_weights(self.weights, self.ckpt_path)
-            if self.stale_state and os.path.isfile(self.stale_state):
-                # resume=False: the old run's state belongs to the weights just replaced; it would resume wrongly.
-                os.remove(self.stale_state)
+            weights, path, stale_state = self.weights, self.ckpt_path, self.stale_state
             self.stale_state = None
+            self._writing = BackgroundWrite(lambda: _write(weights, path, stale_state), "kerastorch-kept-weights")
+
+    def wait_written(self) -> None:
+        """Return once ``ckpt_path`` holds the weights kept last; raise if writing them failed."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.wait()
 
     def put_back(self, model: Any, weights: dict) -> None:
         strategy_of(model).load_whole_weights(model.net, weights)
@@ -63,6 +77,14 @@ class KeptWeights:
             self.put_back(model, initial)
             if broke:
                 model.print("No epoch had a finite loss, so the weights from before training are restored.")
+        self.wait_written()  # fit returns with the file whole
+
+
+def _write(weights: dict, path: Union[str, os.PathLike], stale_state: Optional[str]) -> None:
+    save_weights(weights, path)
+    if stale_state and os.path.isfile(stale_state):
+        # resume=False: the old run's state belongs to the weights just replaced; it would resume wrongly.
+        os.remove(stale_state)
 
 
 __all__ = ["KeptWeights"]

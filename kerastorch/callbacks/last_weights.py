@@ -54,6 +54,9 @@ class KeepLastWeights(Callback):
         self.kept.end(self.model, logs, self.params, broke)
 
     def state_dict(self):
+        # A training state that holds these weights is written only once ckpt_path holds them too:
+        # a run killed after it must not resume with an older file at ckpt_path.
+        self.kept.wait_written()
         return {"last_weights": self.last_weights, "last_epoch": self.last_epoch}
 
     def load_state_dict(self, state):

@@ -1,0 +1,136 @@
+"""fit's best-weights file is written on a thread of its own while training goes on, and is whole
+whenever something relies on it: the next better epoch, a training state, the end of fit."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+import kerastorch as kt
+from kerastorch.callbacks import kept_weights
+from kerastorch.callbacks.training_state import training_state_path
+from kerastorch.files.state import load_state_file
+
+WRITE_SECONDS = 0.3  # longer than a digits epoch here, so that the write overlaps the next one
+
+
+@pytest.fixture
+def slow_writes(monkeypatch):
+    """The real ``save_weights``, started late by ``WRITE_SECONDS``, as a slow disk would finish it
+    late: which thread wrote each file, and when each write ended."""
+    real_save, writes = kept_weights.save_weights, []
+
+    def slow_save(weights, path):
+        time.sleep(WRITE_SECONDS)
+        real_save(weights, path)
+        writes.append((threading.current_thread().name, time.perf_counter()))
+
+    monkeypatch.setattr(kept_weights, "save_weights", slow_save)
+    return writes
+
+
+class EpochStarts(kt.Callback):
+    def __init__(self):
+        self.starts = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.starts.append(time.perf_counter())
+
+
+def test_the_best_weights_file_is_written_while_the_next_epoch_trains_and_is_whole_when_fit_returns(
+    loaders, mlp, tmp_path, slow_writes
+):
+    dl_train, dl_val = loaders
+    ckpt = tmp_path / "best.safetensors"
+    starts = EpochStarts()
+    model = kt.KerasModel(mlp, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(mlp.parameters(), lr=1e-2))
+    # The training loss falls every epoch: each epoch is the best so far, and each is written.
+    history = model.fit(
+        dl_train, dl_val, epochs=3, monitor="train_loss", patience=None, ckpt_path=ckpt, callbacks=[starts], verbose=0
+    )
+
+    assert history["train_loss"].is_monotonic_decreasing
+    assert len(slow_writes) == 3
+    assert all(thread != threading.main_thread().name for thread, _ in slow_writes)
+    # Epoch 2 began before epoch 1's file was written: the write did not hold training up.
+    assert starts.starts[1] < slow_writes[0][1]
+    # When fit returned, the file held the last (best) epoch's weights, whole, and nothing beside it.
+    written = load_file(ckpt)
+    assert all(torch.equal(written[k], v) for k, v in mlp.state_dict().items())
+    assert os.listdir(tmp_path) == ["best.safetensors"]
+
+
+class CompareStateWithFile(kt.Callback):
+    """After the training state is written (order 90): the best weights it holds against ckpt_path's."""
+
+    order = 91
+
+    def __init__(self, ckpt):
+        self.ckpt = ckpt
+        self.same = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        state = load_state_file(training_state_path(self.ckpt))
+        kept = next(s["best_weights"] for s in state["callbacks"].values() if "best_weights" in s)
+        written = load_file(self.ckpt)
+        self.same.append(all(torch.equal(written[k], v) for k, v in kept.items()))
+
+
+def test_a_training_state_is_written_only_once_ckpt_path_holds_the_best_weights_it_names(
+    loaders, mlp, tmp_path, slow_writes
+):
+    dl_train, dl_val = loaders
+    ckpt = tmp_path / "best.safetensors"
+    compare = CompareStateWithFile(ckpt)
+    model = kt.KerasModel(mlp, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(mlp.parameters(), lr=1e-2))
+    model.fit(
+        dl_train,
+        dl_val,
+        epochs=3,
+        monitor="train_loss",
+        patience=None,
+        ckpt_path=ckpt,
+        resume=True,
+        callbacks=[compare],
+        verbose=0,
+    )
+    # A run killed right after any of these states would resume with the file its state names.
+    assert compare.same == [True, True, True]
+
+
+class FolderAtCkptPath(kt.Callback):
+    """Puts a folder where the checkpoint goes once fit has checked the path: every write there fails."""
+
+    def __init__(self, ckpt):
+        self.ckpt = ckpt
+
+    def on_train_begin(self, logs=None):
+        os.makedirs(self.ckpt / "in-the-way")
+
+
+def test_a_write_that_fails_on_its_thread_fails_fit_with_the_best_weights_in_the_net(loaders, mlp, tmp_path):
+    dl_train, dl_val = loaders
+    ckpt = tmp_path / "best.pt"
+    model = kt.KerasModel(mlp, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(mlp.parameters(), lr=1e-2))
+    with pytest.raises(OSError, match="best.pt"):
+        model.fit(
+            dl_train,
+            dl_val,
+            epochs=3,
+            monitor="train_loss",
+            patience=None,
+            ckpt_path=ckpt,
+            callbacks=[FolderAtCkptPath(ckpt)],
+            verbose=0,
+        )
+    # The error came at the next better epoch: epoch 1's weights, the best kept, are back in the net,
+    # and no temporary file is left beside the folder.
+    assert len(model.history) == 2
+    assert model.evaluate(dl_val, quiet=True)["val_loss"] == pytest.approx(model.history["val_loss"].iloc[0])
+    assert os.listdir(tmp_path) == ["best.pt"]
