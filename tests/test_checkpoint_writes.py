@@ -4,6 +4,7 @@ whenever something relies on it: the next better epoch, a training state, the en
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
@@ -134,3 +135,16 @@ def test_a_write_that_fails_on_its_thread_fails_fit_with_the_best_weights_in_the
     assert len(model.history) == 2
     assert model.evaluate(dl_val, quiet=True)["val_loss"] == pytest.approx(model.history["val_loss"].iloc[0])
     assert os.listdir(tmp_path) == ["best.pt"]
+
+
+def test_a_last_write_that_fails_fails_fit_after_every_callback_has_ended(loaders, mlp, tmp_path):
+    dl_train, dl_val = loaders
+    ckpt = tmp_path / "best.pt"
+    handler_before = signal.getsignal(signal.SIGTERM)
+    model = kt.KerasModel(mlp, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(mlp.parameters(), lr=1e-2))
+    # One epoch: its file's write fails on its thread, and fit learns of it only when it ends.
+    with pytest.raises(OSError, match="best.pt"):
+        model.fit(dl_train, dl_val, epochs=1, ckpt_path=ckpt, callbacks=[FolderAtCkptPath(ckpt)], verbose=0)
+    # The callbacks after the best weights' still ended: fit's SIGTERM handler is taken away again.
+    assert signal.getsignal(signal.SIGTERM) is handler_before
+    assert len(model.history) == 1

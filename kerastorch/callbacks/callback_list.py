@@ -30,6 +30,20 @@ class CallbackList:
         for fn in self._listeners[hook]:
             fn(*args)
 
+    def call_every(self, hook: str, *args: Any) -> None:
+        """Call ``hook`` on every callback even when one raises, then raise the first error: for
+        ``on_train_end``, where each callback puts back what it took (signal handlers, open files,
+        a run's status), whatever another's end went like."""
+        first_error = None
+        for fn in self._listeners[hook]:
+            try:
+                fn(*args)
+            except BaseException as error:  # Ctrl-C too: the others still put back what they took
+                if first_error is None:
+                    first_error = error
+        if first_error is not None:
+            raise first_error
+
     def __iter__(self) -> Iterator[Callback]:
         return iter(self.callbacks)
 

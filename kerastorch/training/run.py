@@ -375,7 +375,7 @@ def train_with_callbacks(
         model.fit_step = None
         model.history = history_frame(rows, ["epoch", *columns] if columns is not None else None)
         callbacks.params["ended"] = ended
-        callbacks.call("on_train_end", rows[-1] if rows else {})
+        callbacks.call_every("on_train_end", rows[-1] if rows else {})
     return model.history
 
 
