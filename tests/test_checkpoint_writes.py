@@ -36,6 +36,19 @@ def slow_writes(monkeypatch):
     return writes
 
 
+def adam_model(mlp):
+    return kt.KerasModel(mlp, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(mlp.parameters(), lr=1e-2))
+
+
+def fit_each_epoch_best(model, loaders, ckpt, epochs=3, **options):
+    """On the digits the training loss falls every epoch: each epoch is the best so far, and its
+    weights are written to ``ckpt``."""
+    dl_train, dl_val = loaders
+    return model.fit(
+        dl_train, dl_val, epochs=epochs, monitor="train_loss", patience=None, ckpt_path=ckpt, verbose=0, **options
+    )
+
+
 class EpochStarts(kt.Callback):
     def __init__(self):
         self.starts = []
@@ -47,14 +60,9 @@ class EpochStarts(kt.Callback):
 def test_the_best_weights_file_is_written_while_the_next_epoch_trains_and_is_whole_when_fit_returns(
     loaders, mlp, tmp_path, slow_writes
 ):
-    dl_train, dl_val = loaders
     ckpt = tmp_path / "best.safetensors"
     starts = EpochStarts()
-    model = kt.KerasModel(mlp, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(mlp.parameters(), lr=1e-2))
-    # The training loss falls every epoch: each epoch is the best so far, and each is written.
-    history = model.fit(
-        dl_train, dl_val, epochs=3, monitor="train_loss", patience=None, ckpt_path=ckpt, callbacks=[starts], verbose=0
-    )
+    history = fit_each_epoch_best(adam_model(mlp), loaders, ckpt, callbacks=[starts])
 
     assert history["train_loss"].is_monotonic_decreasing
     assert len(slow_writes) == 3
@@ -86,21 +94,9 @@ class CompareStateWithFile(kt.Callback):
 def test_a_training_state_is_written_only_once_ckpt_path_holds_the_best_weights_it_names(
     loaders, mlp, tmp_path, slow_writes
 ):
-    dl_train, dl_val = loaders
     ckpt = tmp_path / "best.safetensors"
     compare = CompareStateWithFile(ckpt)
-    model = kt.KerasModel(mlp, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(mlp.parameters(), lr=1e-2))
-    model.fit(
-        dl_train,
-        dl_val,
-        epochs=3,
-        monitor="train_loss",
-        patience=None,
-        ckpt_path=ckpt,
-        resume=True,
-        callbacks=[compare],
-        verbose=0,
-    )
+    fit_each_epoch_best(adam_model(mlp), loaders, ckpt, resume=True, callbacks=[compare])
     # A run killed right after any of these states would resume with the file its state names.
     assert compare.same == [True, True, True]
 
@@ -116,20 +112,11 @@ class FolderAtCkptPath(kt.Callback):
 
 
 def test_a_write_that_fails_on_its_thread_fails_fit_with_the_best_weights_in_the_net(loaders, mlp, tmp_path):
-    dl_train, dl_val = loaders
+    dl_val = loaders[1]
     ckpt = tmp_path / "best.pt"
-    model = kt.KerasModel(mlp, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(mlp.parameters(), lr=1e-2))
+    model = adam_model(mlp)
     with pytest.raises(OSError, match="best.pt"):
-        model.fit(
-            dl_train,
-            dl_val,
-            epochs=3,
-            monitor="train_loss",
-            patience=None,
-            ckpt_path=ckpt,
-            callbacks=[FolderAtCkptPath(ckpt)],
-            verbose=0,
-        )
+        fit_each_epoch_best(model, loaders, ckpt, callbacks=[FolderAtCkptPath(ckpt)])
     # The error came at the next better epoch: epoch 1's weights, the best kept, are back in the net,
     # and no temporary file is left beside the folder.
     assert len(model.history) == 2
@@ -138,13 +125,12 @@ def test_a_write_that_fails_on_its_thread_fails_fit_with_the_best_weights_in_the
 
 
 def test_a_last_write_that_fails_fails_fit_after_every_callback_has_ended(loaders, mlp, tmp_path):
-    dl_train, dl_val = loaders
     ckpt = tmp_path / "best.pt"
     handler_before = signal.getsignal(signal.SIGTERM)
-    model = kt.KerasModel(mlp, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(mlp.parameters(), lr=1e-2))
+    model = adam_model(mlp)
     # One epoch: its file's write fails on its thread, and fit learns of it only when it ends.
     with pytest.raises(OSError, match="best.pt"):
-        model.fit(dl_train, dl_val, epochs=1, ckpt_path=ckpt, callbacks=[FolderAtCkptPath(ckpt)], verbose=0)
+        fit_each_epoch_best(model, loaders, ckpt, epochs=1, callbacks=[FolderAtCkptPath(ckpt)])
     # The callbacks after the best weights' still ended: fit's SIGTERM handler is taken away again.
     assert signal.getsignal(signal.SIGTERM) is handler_before
     assert len(model.history) == 1
