@@ -5,9 +5,10 @@ when given). This trains a stack of 24 ``Linear(2048, 2048)`` layers (about 100M
 400 MB) with SGD for 6 epochs of one batch on the CPU; its training loss falls every epoch, so
 every epoch is the best so far and its weights are kept. It prints the time of each keep
 (the copy, and with ``ckpt_path`` the wait for the previous epoch's file, which is written on a
-thread while training goes on), the time of the whole ``fit`` (which waits for the last file) and
-how much the process's peak resident memory grew during ``fit``: the gradients (400 MB) plus what the keeping holds. Each
-configuration runs in a fresh process, so that the peak is its own.
+thread while training goes on), the time of the whole ``fit`` (which waits for the last file)
+and how much the process's peak resident memory grew during ``fit``: the gradients (400 MB)
+plus what the keeping holds. Each configuration runs in a fresh process, so that the peak is
+its own.
 
     python benchmarks/kept_weights.py
 """
