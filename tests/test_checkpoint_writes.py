@@ -18,7 +18,7 @@ from kerastorch.callbacks import kept_weights
 from kerastorch.callbacks.training_state import training_state_path
 from kerastorch.files.state import load_state_file
 
-WRITE_SECONDS = 0.3  # longer than a digits epoch here, so that the write overlaps the next one
+WRITE_SECONDS = 0.3  # far longer than from one epoch's end to the next one's start: the write overlaps it
 
 
 @pytest.fixture
