@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import kerastorch as kt
 from kerastorch.callbacks import kept_weights
@@ -134,3 +135,42 @@ def test_a_last_write_that_fails_fails_fit_after_every_callback_has_ended(loader
     # The callbacks after the best weights' still ended: fit's SIGTERM handler is taken away again.
     assert signal.getsignal(signal.SIGTERM) is handler_before
     assert len(model.history) == 1
+
+
+class OpsOnThisThread(TorchDispatchMode):
+    """The torch ops called while it is entered: a dispatch mode holds for the thread that enters it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("file_name", ["best.pt", "best.safetensors"])
+def test_the_write_thread_computes_nothing_so_it_never_slows_training(loaders, tmp_path, monkeypatch, file_name):
+    """A thread that has run a torch op that computes (a copy, a clone) may hold a team of OpenMP threads
+    of its own as long as it lives: on a 2-core machine the training loop ran at less than half its speed
+    beside one (``benchmarks/thread_beside.py``). So
+    the copy of the weights is made on the training thread (``KeptWeights.keep``), and the write's thread
+    only hands tensors to the file: no op but views. The net shares a layer, whose weights would be
+    copied apart for the file (``standalone_tensors``) were the kept copy still shared."""
+    real_write, ops = kept_weights._write, []
+
+    def recorded_write(*args):
+        with OpsOnThisThread() as recorder:
+            real_write(*args)
+        ops.extend(recorder.ops)
+
+    monkeypatch.setattr(kept_weights, "_write", recorded_write)
+    torch.manual_seed(0)
+    shared = nn.Linear(64, 64)
+    net = nn.Sequential(shared, nn.ReLU(), shared, nn.ReLU(), nn.Linear(64, 10))
+    history = fit_each_epoch_best(adam_model(net), loaders, tmp_path / file_name, epochs=2)
+
+    assert history["train_loss"].is_monotonic_decreasing  # two better epochs: two writes
+    computing = sorted({str(op) for op in ops if not op.is_view})
+    assert ops, "the recorder saw no op on the write's thread: it did not record the write"
+    assert not computing, f"the write's thread ran {computing}: copy on the training thread instead"

@@ -6,6 +6,12 @@ milliseconds for a small net, seconds for a large one. On a thread of its own th
 the next epoch, and whoever needs the file whole (the next write, a training state that names it,
 the end of ``fit``) waits for it with :meth:`BackgroundWrite.wait`.
 
+What runs on the thread must compute nothing with torch (copies, clones, casts): a thread that has
+run such an op may keep a team of OpenMP threads of its own while it lives, and on a 2-core machine
+the training loop ran at less than half its speed beside one (``benchmarks/thread_beside.py``). So
+the writer gets tensors ready to write (the caller copies on the training thread), and a thread
+lives for one write only, never as a standing worker.
+
 The thread is not a daemon: a program that ends while a write is under way (Ctrl-C in a script, a
 preempted run) first lets it finish, and the write itself is atomic (:mod:`.atomic`), so the file is
 the old one or the new one, never half of one.
