@@ -1,5 +1,6 @@
 """fit's best-weights file is written on a thread of its own while training goes on, and is whole
-whenever something relies on it: the next better epoch, a training state, the end of fit."""
+whenever something relies on it: the next better epoch, a training state, a callback of the user's
+(which may read it), the end of fit."""
 
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import kerastorch as kt
-from kerastorch.callbacks import kept_weights
-from kerastorch.callbacks.training_state import training_state_path
+from kerastorch.callbacks import kept_weights, training_state
 from kerastorch.files.state import load_state_file
 
 WRITE_SECONDS = 0.3  # far longer than from one epoch's end to the next one's start: the write overlaps it
@@ -25,13 +25,14 @@ WRITE_SECONDS = 0.3  # far longer than from one epoch's end to the next one's st
 @pytest.fixture
 def slow_writes(monkeypatch):
     """The real ``save_weights``, started late by ``WRITE_SECONDS``, as a slow disk would finish it
-    late: which thread wrote each file, and when each write ended."""
+    late: which thread wrote each file, and when each write began and ended."""
     real_save, writes = kept_weights.save_weights, []
 
     def slow_save(weights, path):
+        began = time.perf_counter()
         time.sleep(WRITE_SECONDS)
         real_save(weights, path)
-        writes.append((threading.current_thread().name, time.perf_counter()))
+        writes.append((threading.current_thread().name, began, time.perf_counter()))
 
     monkeypatch.setattr(kept_weights, "save_weights", slow_save)
     return writes
@@ -50,88 +51,152 @@ def fit_each_epoch_best(model, loaders, ckpt, epochs=3, **options):
     )
 
 
-class EpochStarts(kt.Callback):
-    def __init__(self):
-        self.starts = []
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.starts.append(time.perf_counter())
+def training_forwards(net):
+    """When ``net`` ran a training forward pass: a hook, not a callback (a callback of the user's would
+    have fit write the file before calling it)."""
+    times = []
+    net.register_forward_pre_hook(lambda module, args: times.append(time.perf_counter()) if module.training else None)
+    return times
 
 
 def test_the_best_weights_file_is_written_while_the_next_epoch_trains_and_is_whole_when_fit_returns(
     loaders, mlp, tmp_path, slow_writes
 ):
     ckpt = tmp_path / "best.safetensors"
-    starts = EpochStarts()
-    history = fit_each_epoch_best(adam_model(mlp), loaders, ckpt, callbacks=[starts])
+    forwards = training_forwards(mlp)
+    # kerastorch's own callbacks run no code of the user's: the file is still written while training.
+    history = fit_each_epoch_best(
+        adam_model(mlp), loaders, ckpt, callbacks=[kt.callbacks.CSVLogger(tmp_path / "log.csv")]
+    )
 
     assert history["train_loss"].is_monotonic_decreasing
     assert len(slow_writes) == 3
-    assert all(thread != threading.main_thread().name for thread, _ in slow_writes)
-    # Epoch 2 began before epoch 1's file was written: the write did not hold training up.
-    assert starts.starts[1] < slow_writes[0][1]
+    assert all(thread != threading.main_thread().name for thread, _, _ in slow_writes)
+    # Epoch 2 trained while epoch 1's file was being written: the write did not hold training up.
+    _, began, ended = slow_writes[0]
+    assert any(began < t < ended for t in forwards)
     # When fit returned, the file held the last (best) epoch's weights, whole, and nothing beside it.
     written = load_file(ckpt)
     assert all(torch.equal(written[k], v) for k, v in mlp.state_dict().items())
-    assert os.listdir(tmp_path) == ["best.safetensors"]
-
-
-class CompareStateWithFile(kt.Callback):
-    """After the training state is written (order 90): the best weights it holds against ckpt_path's."""
-
-    order = 91
-
-    def __init__(self, ckpt):
-        self.ckpt = ckpt
-        self.same = []
-
-    def on_epoch_end(self, epoch, logs=None):
-        state = load_state_file(training_state_path(self.ckpt))
-        kept = next(s["best_weights"] for s in state["callbacks"].values() if "best_weights" in s)
-        written = load_file(self.ckpt)
-        self.same.append(all(torch.equal(written[k], v) for k, v in kept.items()))
+    assert sorted(os.listdir(tmp_path)) == ["best.safetensors", "log.csv"]
 
 
 def test_a_training_state_is_written_only_once_ckpt_path_holds_the_best_weights_it_names(
-    loaders, mlp, tmp_path, slow_writes
+    loaders, mlp, tmp_path, slow_writes, monkeypatch
 ):
     ckpt = tmp_path / "best.safetensors"
-    compare = CompareStateWithFile(ckpt)
-    fit_each_epoch_best(adam_model(mlp), loaders, ckpt, resume=True, callbacks=[compare])
+    real_save_state, same = training_state.save_state_file, []
+
+    def save_then_compare(state, path):
+        """Right after the state is written: the best weights it holds against ckpt_path's."""
+        real_save_state(state, path)
+        saved = load_state_file(path)
+        kept = next(s["best_weights"] for s in saved["callbacks"].values() if "best_weights" in s)
+        written = load_file(ckpt)
+        same.append(all(torch.equal(written[k], v) for k, v in kept.items()))
+
+    monkeypatch.setattr(training_state, "save_state_file", save_then_compare)
+    fit_each_epoch_best(adam_model(mlp), loaders, ckpt, resume=True)
     # A run killed right after any of these states would resume with the file its state names.
-    assert compare.same == [True, True, True]
+    assert same == [True, True, True]
 
 
-class FolderAtCkptPath(kt.Callback):
-    """Puts a folder where the checkpoint goes once fit has checked the path: every write there fails."""
+class ReadTheFile(kt.Callback):
+    """A callback of the user's that reads ckpt_path at each epoch's end (to upload it, say)."""
 
-    def __init__(self, ckpt):
-        self.ckpt = ckpt
+    def __init__(self):
+        self.reads = []
 
-    def on_train_begin(self, logs=None):
-        os.makedirs(self.ckpt / "in-the-way")
+    def on_epoch_end(self, epoch, logs=None):
+        self.reads.append(read_the_file(self.params["ckpt_path"], self.model.net))
 
 
-def test_a_write_that_fails_on_its_thread_fails_fit_with_the_best_weights_in_the_net(loaders, mlp, tmp_path):
+class ReadTheFileTorchkerasStyle:
+    """The same, written for torchkeras: a plain object whose hook gets the model."""
+
+    def __init__(self):
+        self.reads = []
+
+    def on_validation_epoch_end(self, model):
+        self.reads.append(read_the_file(model.ckpt_path, model.net))
+
+
+def read_the_file(path, net):
+    """Whether the file at ``path`` holds ``net``'s weights (a file not there yet: False)."""
+    if not os.path.exists(path):
+        return False
+    written = load_file(path)
+    return all(torch.equal(written[k], v) for k, v in net.state_dict().items())
+
+
+@pytest.mark.parametrize("form", ["class", "LambdaCallback", "torchkeras"])
+def test_a_callback_of_yours_finds_this_epochs_file_at_its_end(loaders, mlp, tmp_path, slow_writes, form):
+    """Every epoch is the best: at its end, a callback of the user's finds that epoch's weights in the
+    file (the first epoch's too), however slow the disk, as it did when each write stopped training."""
+    ckpt = tmp_path / "best.safetensors"
+    if form == "class":
+        reader = ReadTheFile()
+        callback, reads = reader, reader.reads
+    elif form == "LambdaCallback":
+        reads = []
+        callback = kt.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: reads.append(read_the_file(ckpt, mlp)))
+    else:
+        plain = ReadTheFileTorchkerasStyle()
+        callback, reads = plain, plain.reads
+    fit_each_epoch_best(adam_model(mlp), loaders, ckpt, callbacks=[callback])
+
+    assert reads == [True, True, True]
+
+
+def put_a_folder_at(ckpt, monkeypatch):
+    """A folder where the checkpoint goes, put there once fit has checked the path (as the best weights'
+    keeper begins): every write there fails. Not from a callback: one of the user's would have fit
+    write the file before calling it, not on its thread."""
+    real_begin = kept_weights.KeptWeights.begin
+
+    def begin_then_block(self, model):
+        os.makedirs(ckpt / "in-the-way")
+        real_begin(self, model)
+
+    monkeypatch.setattr(kept_weights.KeptWeights, "begin", begin_then_block)
+
+
+class EpochEnds(kt.Callback):
+    """A callback of the user's: with one, each file is written before it is called."""
+
+    def __init__(self):
+        self.epochs = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs.append(epoch)
+
+
+@pytest.mark.parametrize("yours, epochs_run", [(False, 2), (True, 1)])
+def test_a_write_that_fails_fails_fit_with_the_best_weights_in_the_net(
+    loaders, mlp, tmp_path, monkeypatch, yours, epochs_run
+):
     dl_val = loaders[1]
     ckpt = tmp_path / "best.pt"
+    put_a_folder_at(ckpt, monkeypatch)
     model = adam_model(mlp)
     with pytest.raises(OSError, match="best.pt"):
-        fit_each_epoch_best(model, loaders, ckpt, callbacks=[FolderAtCkptPath(ckpt)])
-    # The error came at the next better epoch: epoch 1's weights, the best kept, are back in the net,
+        fit_each_epoch_best(model, loaders, ckpt, callbacks=[EpochEnds()] if yours else [])
+    # Written on its thread, the error came at the next better epoch; written before a callback of the
+    # user's, at the epoch's own end. Either way epoch 1's weights, the best kept, are back in the net,
     # and no temporary file is left beside the folder.
-    assert len(model.history) == 2
+    assert len(model.history) == epochs_run
     assert model.evaluate(dl_val, quiet=True)["val_loss"] == pytest.approx(model.history["val_loss"].iloc[0])
     assert os.listdir(tmp_path) == ["best.pt"]
 
 
-def test_a_last_write_that_fails_fails_fit_after_every_callback_has_ended(loaders, mlp, tmp_path):
+def test_a_last_write_that_fails_fails_fit_after_every_callback_has_ended(loaders, mlp, tmp_path, monkeypatch):
     ckpt = tmp_path / "best.pt"
+    put_a_folder_at(ckpt, monkeypatch)
     handler_before = signal.getsignal(signal.SIGTERM)
     model = adam_model(mlp)
     # One epoch: its file's write fails on its thread, and fit learns of it only when it ends.
     with pytest.raises(OSError, match="best.pt"):
-        fit_each_epoch_best(model, loaders, ckpt, epochs=1, callbacks=[FolderAtCkptPath(ckpt)])
+        fit_each_epoch_best(model, loaders, ckpt, epochs=1)
     # The callbacks after the best weights' still ended: fit's SIGTERM handler is taken away again.
     assert signal.getsignal(signal.SIGTERM) is handler_before
     assert len(model.history) == 1

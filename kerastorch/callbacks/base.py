@@ -53,6 +53,9 @@ class Callback:
     model: Any = None
     params: dict = {}
     order: int = 0
+    # True for those of kerastorch's callbacks that call functions given to them (LambdaCallback, the
+    # wrapper of a callback written for another library): they run the user's code, as their classes do.
+    calls_your_functions: bool = False
 
     def set_model(self, model: Any) -> None:
         self.model = model
@@ -85,6 +88,14 @@ class Callback:
 
     def load_state_dict(self, state: dict) -> None:
         """Take back what :meth:`state_dict` returned."""
+
+
+def runs_your_code(callback: Callback) -> bool:
+    """Whether ``callback`` may run code of the user's: a class of theirs (a subclass of one of
+    kerastorch's too), or one of kerastorch's that calls functions they gave it. Such code may read
+    the files fit writes, so fit writes them before it is called (see
+    :class:`~kerastorch.callbacks.kept_weights.KeptWeights`)."""
+    return callback.calls_your_functions or not type(callback).__module__.startswith("kerastorch.")
 
 
 HOOKS = [name for name in vars(Callback) if name.startswith("on_")]

@@ -27,6 +27,9 @@ class RestoreBestWeights(MonitorCallback):
     ``restore=False`` (what ``EarlyStopping(restore_best_weights=True or False)`` among the
     callbacks asks of ``fit``) still keeps and writes the best weights but leaves the last
     ones in the net — except after a NaN loss, whose weights are never kept.
+
+    The file is written while the next epoch trains; ``write_while_training=False`` (what ``fit``
+    chooses when callbacks of the user's may read it) writes it before this epoch's later callbacks.
     """
 
     order = ORDER_BEST_WEIGHTS
@@ -40,10 +43,12 @@ class RestoreBestWeights(MonitorCallback):
         verbose: int = 0,
         stale_state: Optional[str] = None,
         restore: bool = True,
+        write_while_training: bool = True,
     ):
         super().__init__(monitor, mode, min_delta)
         self.restore = restore
-        self.kept = KeptWeights(ckpt_path, stale_state)  # the weights from before training, and the file
+        # The weights from before training, and the file.
+        self.kept = KeptWeights(ckpt_path, stale_state, write_while_training)
         self.verbose = verbose
         self.broke = False  # a NaN or infinite loss was seen
 

@@ -12,7 +12,10 @@ weights are written over the copy they replace (the weights from before training
 The file is written from that copy on a thread of its own (:mod:`~kerastorch.files.background`), so
 training goes on while the disk takes it. It is whole again before anything relies on it: before the
 next kept epoch writes over the copy, before a training state that holds the kept weights is written
-(:meth:`KeptWeights.wait_written`), and before ``fit`` returns.
+(:meth:`KeptWeights.wait_written`), and before ``fit`` returns. A run with callbacks that run the
+user's code (:func:`~kerastorch.callbacks.base.runs_your_code`) writes the file before they are
+called instead (``write_while_training=False``): one of them may read it at the epoch's end, as it
+could when every write stopped training.
 """
 
 from __future__ import annotations
@@ -28,9 +31,15 @@ from ..strategies import strategy_of
 class KeptWeights:
     """The weights from before training, and the copy kept since, with the file they go to."""
 
-    def __init__(self, ckpt_path: Optional[Union[str, os.PathLike]] = None, stale_state: Optional[str] = None):
+    def __init__(
+        self,
+        ckpt_path: Optional[Union[str, os.PathLike]] = None,
+        stale_state: Optional[str] = None,
+        write_while_training: bool = True,
+    ):
         self.ckpt_path = ckpt_path
         self.stale_state = stale_state  # an old run's training state, removed when this run first writes ckpt_path
+        self.write_while_training = write_while_training  # False: a keep returns once the file is written
         self.initial: Optional[dict] = None
         self.weights: Optional[dict] = None  # the last epoch's weights kept (None: none yet)
         self._writing: Optional[BackgroundWrite] = None  # the file being written from ``weights``
@@ -48,7 +57,7 @@ class KeptWeights:
         that were being kept. The epoch they belong to has ended, so the weights from before training
         are no fallback any more.
 
-        The file is written on a thread while training goes on (see the module's note)."""
+        The file is written on a thread while training goes on, or before this returns (see the module's note)."""
         self.wait_written()  # the write under way reads the copy about to be written over
         previous = self.weights if self.weights is not None else self.initial
         self.weights = self.initial = None
@@ -57,6 +66,8 @@ class KeptWeights:
             weights, path, stale_state = self.weights, self.ckpt_path, self.stale_state
             self.stale_state = None
             self._writing = BackgroundWrite(lambda: _write(weights, path, stale_state), "kerastorch-kept-weights")
+            if not self.write_while_training:
+                self.wait_written()
 
     def wait_written(self) -> None:
         """Return once ``ckpt_path`` holds the weights kept last; raise if writing them failed."""

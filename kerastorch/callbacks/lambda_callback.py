@@ -23,6 +23,8 @@ class LambdaCallback(Callback):
         model.fit(dl_train, dl_val, epochs=3, callbacks=[show])
     """
 
+    calls_your_functions = True
+
     def __init__(
         self,
         on_epoch_begin: Optional[Callable] = None,

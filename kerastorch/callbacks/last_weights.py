@@ -25,8 +25,14 @@ class KeepLastWeights(Callback):
 
     order = ORDER_BEST_WEIGHTS
 
-    def __init__(self, ckpt_path: Optional[Union[str, os.PathLike]] = None, stale_state: Optional[str] = None):
-        self.kept = KeptWeights(ckpt_path, stale_state)  # the weights from before training, and the file
+    def __init__(
+        self,
+        ckpt_path: Optional[Union[str, os.PathLike]] = None,
+        stale_state: Optional[str] = None,
+        write_while_training: bool = True,
+    ):
+        # The weights from before training, and the file (see RestoreBestWeights for write_while_training).
+        self.kept = KeptWeights(ckpt_path, stale_state, write_while_training)
         self.last_epoch: Optional[int] = None
         self.broke = False
 

@@ -48,6 +48,8 @@ class TorchkerasCallback(Callback):
         model.fit(dl_train, dl_val, epochs=3, callbacks=[PrintBest()])
     """
 
+    calls_your_functions = True
+
     def __init__(self, callback: Any):
         self.callback = callback
         self.history: dict[str, list] = {}

@@ -23,6 +23,7 @@ from typing import Any, Iterator, Optional
 import pandas as pd
 import torch
 
+from ..callbacks.base import runs_your_code
 from ..callbacks.best_weights import RestoreBestWeights
 from ..callbacks.callback_list import CallbackList
 from ..callbacks.early_stopping import EarlyStopping, early_stoppings_in
@@ -405,9 +406,14 @@ def callbacks_for_fit(
     says = int(output.verbose > 0)
     users_stoppers = early_stoppings_in(settings.callbacks)  # with one, fit adds no stopper of its own
     stale_state = training_state_path(watch.ckpt_path) if watch.ckpt_path and not watch.resume else None
+    # The best-weights file is written while the next epoch trains, unless code of the user's may read it.
+    write_while_training = not any(runs_your_code(callback) for callback in settings.callbacks)
     best_weights: Optional[RestoreBestWeights] = None
     if watch.monitor is None:  # nothing monitored: the last epoch's weights stay
-        chosen: list[Any] = [TerminateOnNaN(verbose=says), KeepLastWeights(watch.ckpt_path, stale_state)]
+        chosen: list[Any] = [
+            TerminateOnNaN(verbose=says),
+            KeepLastWeights(watch.ckpt_path, stale_state, write_while_training),
+        ]
     else:
         best_weights = RestoreBestWeights(
             watch.monitor,
@@ -418,6 +424,7 @@ def callbacks_for_fit(
             # A user's EarlyStopping with restore_best_weights=True or False decides instead of fit.
             restore=watch.restore_best_weights
             and all(stopper.restore_best_weights is None for stopper in users_stoppers),
+            write_while_training=write_while_training,
         )
         chosen = [TerminateOnNaN(verbose=says), best_weights]
     if watch.monitor is not None and watch.patience is not None and not users_stoppers:
