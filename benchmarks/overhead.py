@@ -217,9 +217,11 @@ def run_seed_loop(make_net, dl_train, dl_val, epochs, device, ckpt_path, parts=N
 
 
 class EpochClock(kt.Callback):
-    """Times the epochs themselves, not fit's one-off set-up (from ``first_epoch`` on). A callback of
-    the benchmark's own, so ``fit`` writes its checkpoint file before calling it, as in a run with
-    callbacks of the user's (without one, the file is written while the next epoch trains)."""
+    """Times the epochs themselves, not fit's one-off set-up (from ``first_epoch`` on). It never reads
+    the checkpoint file, and says so: ``fit`` writes the file while the next epoch trains, as in a run
+    with no callbacks of the user's (not before calling a callback that may read it)."""
+
+    reads_ckpt_path = False
 
     def __init__(self, first_epoch=1):
         self.first_epoch = first_epoch

@@ -40,6 +40,11 @@ class Callback:
     come before yours (``order = 0``), the training state after them and the progress
     bar last.
 
+    With a callback of yours in the run, ``fit`` writes each better epoch's file at ``ckpt_path``
+    before calling it, so it may read the file at the epoch's end. One that never reads it can say
+    so with ``reads_ckpt_path = False``: with only such callbacks of yours, the file is written on a
+    thread of its own while the next epoch trains, as in a run with none.
+
     Example::
 
         class StopAtEpoch(kt.Callback):
@@ -53,6 +58,7 @@ class Callback:
     model: Any = None
     params: dict = {}
     order: int = 0
+    reads_ckpt_path: bool = True  # see above; heeded for callbacks that run code of the user's
     # True for those of kerastorch's callbacks that call functions given to them (LambdaCallback, the
     # wrapper of a callback written for another library): they run the user's code, as their classes do.
     calls_your_functions: bool = False
@@ -90,12 +96,14 @@ class Callback:
         """Take back what :meth:`state_dict` returned."""
 
 
-def runs_your_code(callback: Callback) -> bool:
-    """Whether ``callback`` may run code of the user's: a class of theirs (a subclass of one of
-    kerastorch's too), or one of kerastorch's that calls functions they gave it. Such code may read
-    the files fit writes, so fit writes them before it is called (see
-    :class:`~kerastorch.callbacks.kept_weights.KeptWeights`)."""
-    return callback.calls_your_functions or not type(callback).__module__.startswith("kerastorch.")
+def may_read_ckpt_path(callback: Callback) -> bool:
+    """Whether ``callback`` may read the best-weights file while training goes on, so that fit must write
+    it before calling it (see :class:`~kerastorch.callbacks.kept_weights.KeptWeights`): one that runs
+    code of the user's (a class of theirs, a subclass of one of kerastorch's too, or one of kerastorch's
+    that calls functions they gave it), unless it says it never reads the file (``reads_ckpt_path``).
+    kerastorch's own callbacks read it only once ``fit`` has waited for it (``on_train_end``)."""
+    runs_your_code = callback.calls_your_functions or not type(callback).__module__.startswith("kerastorch.")
+    return runs_your_code and callback.reads_ckpt_path
 
 
 HOOKS = [name for name in vars(Callback) if name.startswith("on_")]

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Optional
 import pandas as pd
 import torch
 
-from ..callbacks.base import runs_your_code
+from ..callbacks.base import may_read_ckpt_path
 from ..callbacks.best_weights import RestoreBestWeights
 from ..callbacks.callback_list import CallbackList
 from ..callbacks.early_stopping import EarlyStopping, early_stoppings_in
@@ -407,7 +407,7 @@ def callbacks_for_fit(
     users_stoppers = early_stoppings_in(settings.callbacks)  # with one, fit adds no stopper of its own
     stale_state = training_state_path(watch.ckpt_path) if watch.ckpt_path and not watch.resume else None
     # The best-weights file is written while the next epoch trains, unless code of the user's may read it.
-    write_while_training = not any(runs_your_code(callback) for callback in settings.callbacks)
+    write_while_training = not any(may_read_ckpt_path(callback) for callback in settings.callbacks)
     best_weights: Optional[RestoreBestWeights] = None
     if watch.monitor is None:  # nothing monitored: the last epoch's weights stay
         chosen: list[Any] = [
