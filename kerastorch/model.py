@@ -183,7 +183,8 @@ class KerasModel(ModuleLike, ModelParts):
             ckpt_path: also write the best weights to this file, atomically: safetensors, or torch's
                 format (``torch.load(path, weights_only=True)`` reads it) for ``.pt`` / ``.pth`` /
                 ``.ckpt`` / ``.bin`` or no extension. It is written on a thread while the next
-                epoch trains, and is whole when ``fit`` returns.
+                epoch trains (before callbacks of yours that may read it, see ``Callback``), and is
+                whole when ``fit`` returns.
             resume: with ``ckpt_path``, write the whole training state to ``ckpt_path + ".state"``
                 after every epoch and continue from it when it exists (see
                 :class:`~kerastorch.callbacks.TrainingState`).
