@@ -168,13 +168,13 @@ def test_epoch_values_are_exact_over_samples_not_means_of_batch_means():
 
 
 def test_the_loss_of_many_batches_is_the_mean_over_samples_to_float64_precision():
-    """The batch losses reach the epoch's sum in groups (not one kernel a step): over 150 batches, a
-    short last one among them, the epoch loss is still each batch's loss times its size, summed in
-    float64, over the samples."""
+    """The batch losses reach the epoch's sum in groups (not one kernel a step): over 600 batches
+    (several groups), a short last one among them, the epoch loss is still each batch's loss times its
+    size, summed in float64, over the samples."""
     torch.manual_seed(0)
-    x, y = torch.randn(448, 3), torch.randn(448, 1)
+    x, y = torch.randn(1799, 3), torch.randn(1799, 1)
     net = nn.Linear(3, 1)
-    loader = DataLoader(TensorDataset(x, y), batch_size=3)  # 149 batches of 3 and one of 1
+    loader = DataLoader(TensorDataset(x, y), batch_size=3)  # 599 batches of 3 and one of 2
     model = kt.KerasModel(net, nn.MSELoss())
     scores = model.evaluate(loader, verbose=0)
     with torch.no_grad():
@@ -232,6 +232,43 @@ def test_large_outputs_reach_the_metrics_in_bounded_groups_and_stay_exact():
     with torch.no_grad():
         by_hand = (net(x).argmax(1) == y).float().mean().item()
     assert history["val_pixel_acc"][0] == pytest.approx(by_hand, abs=1e-6)
+
+
+class CountedAccuracy(CorrectOverTotal):
+    """Every copy of it records, in the class, how many samples each update was handed."""
+
+    update_sizes: list = []
+
+    def update(self, preds, labels):
+        CountedAccuracy.update_sizes.append(len(labels))
+        self.correct += (preds.argmax(1) == labels).sum()
+        self.total += labels.numel()
+
+
+def test_small_outputs_reach_the_metrics_a_few_times_an_epoch_and_stay_exact():
+    """A metric update between training steps costs more than a small net's step: the outputs of
+    FLUSH_EVERY steps go to the metrics at once, and the epoch's value is still over every sample."""
+    from kerastorch.training.meters import FLUSH_EVERY
+
+    torch.manual_seed(0)
+    x = torch.randn(4 * 600, 5)
+    y = (x[:, 0] > 0).long()
+    net = nn.Linear(5, 2)
+    loader = DataLoader(TensorDataset(x, y), batch_size=4)  # 600 batches
+    model = kt.KerasModel(
+        net, nn.CrossEntropyLoss(), {"acc": CountedAccuracy()}, torch.optim.SGD(net.parameters(), lr=0.1)
+    )
+    CountedAccuracy.update_sizes.clear()
+    model.fit(loader, epochs=1, verbose=0)
+    sizes = list(CountedAccuracy.update_sizes)
+    # The first batch alone (the first-batch check's copy, which the meter keeps), then groups.
+    assert sizes[0] == 4 and sum(sizes) == len(x)
+    assert len(sizes) == 1 + -(-599 // FLUSH_EVERY) and FLUSH_EVERY >= 256
+    scores = model.evaluate(loader, verbose=0)
+    with torch.no_grad():
+        by_hand = (net(x).argmax(1) == y).float().mean().item()
+    assert scores["val_acc"] == pytest.approx(by_hand, abs=1e-6)
+    assert len(CountedAccuracy.update_sizes) - len(sizes) <= 1 + -(-600 // FLUSH_EVERY)
 
 
 class TokenAccuracy(CorrectOverTotal):
