@@ -1,7 +1,7 @@
 """What a thread that has run a torch op costs the training loop while it lives.
 
 Why ``fit`` does no torch work on a thread of its own (its best-weights file is written on one
-that only hands tensors to the file, and lives for that write): times the bare loop of
+that only hands tensors to the file, and lives for the run): times the bare loop of
 ``overhead.py``'s tiny MLP alone, then beside a thread that ran one op and waits, and again once
 that thread has ended. The ops: none; a small one; a copy large enough for torch to split it
 over its threads; and one ``torchmetrics`` accuracy update of 4,096 rows, the work a standing

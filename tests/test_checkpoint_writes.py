@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -25,14 +27,14 @@ WRITE_SECONDS = 0.3  # far longer than from one epoch's end to the next one's st
 @pytest.fixture
 def slow_writes(monkeypatch):
     """The real ``save_weights``, started late by ``WRITE_SECONDS``, as a slow disk would finish it
-    late: which thread wrote each file, and when each write began and ended."""
+    late: which thread wrote each file (the thread itself), and when each write began and ended."""
     real_save, writes = kept_weights.save_weights, []
 
     def slow_save(weights, path):
         began = time.perf_counter()
         time.sleep(WRITE_SECONDS)
         real_save(weights, path)
-        writes.append((threading.current_thread().name, began, time.perf_counter()))
+        writes.append((threading.current_thread(), began, time.perf_counter()))
 
     monkeypatch.setattr(kept_weights, "save_weights", slow_save)
     return writes
@@ -85,7 +87,12 @@ def test_the_best_weights_file_is_written_while_the_next_epoch_trains_and_is_who
 
     assert history["train_loss"].is_monotonic_decreasing
     assert len(slow_writes) == 3
-    assert all(thread != threading.main_thread().name for thread, _, _ in slow_writes)
+    # All on one thread, started for the run (a thread started for each write costs the loop 0.2 ms),
+    # which is gone when fit returns.
+    writer = slow_writes[0][0]
+    assert writer is not threading.main_thread()
+    assert all(thread is writer for thread, _, _ in slow_writes)
+    assert not writer.is_alive()
     # Epoch 2 trained while epoch 1's file was being written: the write did not hold training up.
     _, began, ended = slow_writes[0]
     assert any(began < t < ended for t in forwards)
@@ -251,3 +258,23 @@ def test_the_write_thread_computes_nothing_so_it_never_slows_training(loaders, t
     computing = sorted({str(op) for op in ops if not op.is_view})
     assert ops, "the recorder saw no op on the write's thread: it did not record the write"
     assert not computing, f"the write's thread ran {computing}: copy on the training thread instead"
+
+
+def test_a_program_that_ends_while_a_file_is_being_written_lets_the_write_finish(tmp_path):
+    """The write's thread is no daemon: a script that ends (or fails) while a write is under way exits
+    once the file is whole, not with a temporary file or none."""
+    ckpt = tmp_path / "best.pt"
+    script = f"""
+import time, torch
+from kerastorch.files.background import BackgroundWriter
+from kerastorch.files.weights import save_weights
+def write():
+    time.sleep(0.5)  # still writing when the script ends
+    save_weights({{"w": torch.ones(3)}}, {str(ckpt)!r})
+BackgroundWriter().start(write)
+raise SystemExit(3)
+"""
+    ended = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert ended.returncode == 3, ended.stderr
+    assert torch.equal(torch.load(ckpt)["w"], torch.ones(3))
+    assert os.listdir(tmp_path) == ["best.pt"]

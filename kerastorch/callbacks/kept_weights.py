@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Union
 
-from ..files.background import BackgroundWrite
+from ..files.background import BackgroundWriter
 from ..files.weights import save_weights
 from ..strategies import strategy_of
 
@@ -42,7 +42,7 @@ class KeptWeights:
         self.write_while_training = write_while_training  # False: a keep returns once the file is written
         self.initial: Optional[dict] = None
         self.weights: Optional[dict] = None  # the last epoch's weights kept (None: none yet)
-        self._writing: Optional[BackgroundWrite] = None  # the file being written from ``weights``
+        self._writer = BackgroundWriter("kerastorch-kept-weights")  # writes the file from ``weights``
 
     def begin(self, model: Any) -> None:
         """Hold the weights from before training: the fallback until an epoch's are kept."""
@@ -65,15 +65,13 @@ class KeptWeights:
         if self.ckpt_path and model.is_main_process:
             weights, path, stale_state = self.weights, self.ckpt_path, self.stale_state
             self.stale_state = None
-            self._writing = BackgroundWrite(lambda: _write(weights, path, stale_state), "kerastorch-kept-weights")
+            self._writer.start(lambda: _write(weights, path, stale_state))
             if not self.write_while_training:
                 self.wait_written()
 
     def wait_written(self) -> None:
         """Return once ``ckpt_path`` holds the weights kept last; raise if writing them failed."""
-        writing, self._writing = self._writing, None
-        if writing is not None:
-            writing.wait()
+        self._writer.wait()
 
     def put_back(self, model: Any, weights: dict) -> None:
         strategy_of(model).load_whole_weights(model.net, weights)
@@ -88,7 +86,7 @@ class KeptWeights:
             self.put_back(model, initial)
             if broke:
                 model.print("No epoch had a finite loss, so the weights from before training are restored.")
-        self.wait_written()  # fit returns with the file whole
+        self._writer.close()  # fit returns with the file whole
 
 
 def _write(weights: dict, path: Union[str, os.PathLike], stale_state: Optional[str]) -> None:
