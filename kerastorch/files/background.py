@@ -8,7 +8,8 @@ the end of ``fit``) waits for it with :meth:`BackgroundWriter.wait`.
 
 The thread is started at the first write and lives until :meth:`BackgroundWriter.close` (the end of
 ``fit``): starting a thread costs the training thread about 0.2 ms (``Thread.start`` waits until the
-new thread runs), handing a standing one the next write far less. It waits for work without a CPU.
+new thread runs), handing the next write to a standing one far less. Between writes it waits, using no
+CPU.
 
 What runs on the thread must compute nothing with torch (copies, clones, casts): a thread that has
 run such an op keeps a team of OpenMP threads of its own while it lives, and on a 2-core machine
@@ -33,14 +34,14 @@ class BackgroundWriter:
 
     def __init__(self, name: str = "kerastorch-write"):
         self.name = name
-        self._thread: Optional[ThreadPoolExecutor] = None  # one worker, started at the first write
+        self._executor: Optional[ThreadPoolExecutor] = None  # of one thread, started at the first write
         self._writing: Optional[Future] = None
 
     def start(self, write: Callable[[], None]) -> None:
         """Run ``write()`` on the thread, after the write under way (wait for it first to hear of its error)."""
-        if self._thread is None:
-            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
-        self._writing = self._thread.submit(write)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
+        self._writing = self._executor.submit(write)
 
     def wait(self) -> None:
         """Block until the last write is done; raise its error, once, in the waiting thread."""
@@ -53,9 +54,9 @@ class BackgroundWriter:
         try:
             self.wait()
         finally:
-            thread, self._thread = self._thread, None
-            if thread is not None:
-                thread.shutdown(wait=True)
+            executor, self._executor = self._executor, None
+            if executor is not None:
+                executor.shutdown(wait=True)
 
 
 __all__ = ["BackgroundWriter"]
