@@ -319,6 +319,53 @@ def test_sequence_outputs_of_several_lengths_reach_the_metrics_exactly():
     assert history["val_token_acc"][0] == pytest.approx(correct / total, abs=1e-6)
 
 
+class DtypeAccuracy(CorrectOverTotal):
+    """Every copy records, in the class, each update's dtype of the predictions and number of samples."""
+
+    updates: list = []
+
+    def update(self, preds, labels):
+        DtypeAccuracy.updates.append((preds.dtype, len(labels)))
+        self.correct += (preds.argmax(1) == labels).sum()
+        self.total += labels.numel()
+
+
+class OutputsInInputsDtype(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.linear(x.float()).to(x.dtype)
+
+
+def test_outputs_of_several_dtypes_reach_the_metrics_as_they_came():
+    """A group of waiting batches whose outputs differ in dtype is not concatenated as one (torch.cat
+    would turn them all into the widest dtype): each run of neighbours of one dtype is one update."""
+    torch.manual_seed(0)
+    dtypes = [torch.float32, torch.float32, torch.float64, torch.float64, torch.float32]
+    xs = [torch.randn(4, 3, dtype=dtype) for dtype in dtypes]
+    batches = [(x, (x[:, 0] > 0).long()) for x in xs]
+    net = OutputsInInputsDtype()
+    model = kt.KerasModel(
+        net, nn.CrossEntropyLoss(), {"acc": DtypeAccuracy()}, torch.optim.SGD(net.parameters(), lr=0.1)
+    )
+    DtypeAccuracy.updates.clear()
+    history = model.fit(batches, batches, epochs=1, verbose=0)
+    f32, f64 = torch.float32, torch.float64
+    # The checks' trials on the first validation and training batches, then each epoch's batches in
+    # one flush: the runs of one dtype joined (training's first batch is the trial's already).
+    assert DtypeAccuracy.updates == [
+        (f32, 4),
+        (f32, 4),
+        *[(f32, 4), (f64, 8), (f32, 4)],
+        *[(f32, 8), (f64, 8), (f32, 4)],
+    ]
+    with torch.no_grad():
+        correct = sum((net(x).argmax(1) == y).sum().item() for x, y in batches)
+    assert history["val_acc"][0] == pytest.approx(correct / 20, abs=1e-6)
+
+
 def test_three_metric_forms_agree(loaders, mlp):
     dl_train, dl_val = loaders
     metrics = {"tm": accuracy_metric(), "tk": TorchkerasAccuracy(), "fn": accuracy}
