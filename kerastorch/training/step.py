@@ -80,6 +80,16 @@ class FitStep:
         self._default_calls = model.uses_default_step_calls
         self._kept_grads: dict[int, list] = {}  # id(optimizer) -> [(parameter, its gradient then)]
         self._scheduler_after_update = after_update(model.lr_scheduler, settings.scheduler_interval)
+        # Nothing between the backward pass and the update, nor after it: no accumulation, scaling,
+        # clipping, step hook or per-step scheduler. The default step then updates in place.
+        self._plain = (
+            self.accumulate == 1
+            and self.scaler is None
+            and settings.clip_val is None
+            and not (self._before_backward or self._after_backward)
+            and not (self._before_optimizer_step or self._after_optimizer_step)
+            and self._scheduler_after_update is None
+        )
         self.epochs_done = 0  # set by the run when it resumes: the update count of a timm scheduler follows it
         self.updates_done = 0  # updates of the model's optimizer since the run began
 
@@ -127,9 +137,17 @@ class FitStep:
     def _default_train_step(self, batch: Any) -> tuple[torch.Tensor, Any, Any]:
         """``KerasModel.train_step`` as written there, for a model that overrides none of it: its calls to
         the model's ``autocast``, ``backward`` and ``optimizer_step``, which come back here, are made
-        here directly (three frames and lookups fewer per batch, a few % of a small net's step)."""
+        here directly (three frames and lookups fewer per batch, a few % of a small net's step), and with
+        nothing between the backward pass and the update (``_plain``), what they come to."""
         with self.runtime.autocast():
             loss, preds, labels = self.model.forward_batch(batch)
+        if self._plain:  # what backward and optimizer_step come to then, without their frames
+            loss.backward()
+            optimizer = self.model.optimizer
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            self.updates_done += 1
+            return loss, preds, labels
         self.backward(loss)
         self.optimizer_step()
         return loss, preds, labels
