@@ -84,8 +84,14 @@ class ModelParts:
         ``sample_weight`` key in a dict, or what ``fit(sample_weight=..., class_weight=...)`` makes)
         gets the weighted loss of :mod:`kerastorch.data.sample_weights`.
         """
-        plain, sample_weight = split_sample_weight(batch)
-        args, kwargs, labels = split_batch(plain, self.labels_at)
+        kwargs: dict[str, Any]
+        if type(batch) in (list, tuple) and len(batch) == 2 and self.labels_at is None:
+            # (x, y), the usual batch: read as the two calls below would read it, without their
+            # cost (about 1.7 us a step on a 2-core CPU).
+            plain, sample_weight, args, kwargs, labels = batch, None, (batch[0],), {}, batch[1]
+        else:
+            plain, sample_weight = split_sample_weight(batch)
+            args, kwargs, labels = split_batch(plain, self.labels_at)
         if self.loss_fn is None and isinstance(plain, dict):
             kwargs = plain  # the net computes its own loss: it gets the labels too (Hugging Face's way)
         output = self.net(*args, **kwargs)
