@@ -366,6 +366,37 @@ def test_outputs_of_several_dtypes_reach_the_metrics_as_they_came():
     assert history["val_acc"][0] == pytest.approx(correct / 20, abs=1e-6)
 
 
+class StepHook(kt.Callback):
+    def on_after_optimizer_step(self, optimizer):
+        pass  # a step hook: the default step goes through FitStep.backward and optimizer_step
+
+
+def test_the_default_step_updates_the_weights_as_a_bare_loop_does_with_a_step_hook_or_without():
+    """With nothing between the backward pass and the update, the default step makes the update
+    itself; with a step hook, through ``FitStep``'s calls. Both give a bare loop's weights, bit for bit."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 5)
+    loader = DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=8)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def net_and_optimizer():
+        torch.manual_seed(1)
+        net = nn.Linear(5, 2)
+        return net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+
+    bare, optimizer = net_and_optimizer()
+    for _ in range(2):
+        for xb, yb in loader:
+            loss_fn(bare(xb), yb).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    for callbacks in ([], [StepHook()]):
+        net, optimizer = net_and_optimizer()
+        model = kt.KerasModel(net, loss_fn, None, optimizer)
+        model.fit(loader, epochs=2, monitor=None, verbose=0, callbacks=callbacks)
+        assert all(torch.equal(a, b) for a, b in zip(bare.parameters(), net.parameters()))
+
+
 def test_three_metric_forms_agree(loaders, mlp):
     dl_train, dl_val = loaders
     metrics = {"tm": accuracy_metric(), "tk": TorchkerasAccuracy(), "fn": accuracy}
