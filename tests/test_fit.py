@@ -397,6 +397,30 @@ def test_the_default_step_updates_the_weights_as_a_bare_loop_does_with_a_step_ho
         assert all(torch.equal(a, b) for a, b in zip(bare.parameters(), net.parameters()))
 
 
+def test_an_x_y_batch_trains_as_the_general_reading_of_its_layout_does():
+    """``forward_batch`` reads an ``(x, y)`` batch without the general calls; it must read it as they
+    do: the same weights and history, bit for bit, as with ``labels_at=-1`` (which goes through them)
+    and as dict batches with a ``labels`` key."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 5)
+    y = (x[:, 0] > 0).long()
+
+    def trained(data, labels_at=None):
+        torch.manual_seed(1)
+        net = nn.Linear(5, 2)
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        model = kt.KerasModel(net, nn.CrossEntropyLoss(), {"acc": accuracy}, optimizer, labels_at=labels_at)
+        history = model.fit(data, data, epochs=2, monitor=None, verbose=0)
+        return list(net.parameters()), history
+
+    pairs = DataLoader(TensorDataset(x, y), batch_size=8)
+    dicts = [{"input": x[i : i + 8], "labels": y[i : i + 8]} for i in range(0, 64, 8)]
+    weights, history = trained(pairs)
+    for other in (trained(pairs, labels_at=-1), trained(dicts)):
+        assert all(torch.equal(a, b) for a, b in zip(weights, other[0]))
+        pd.testing.assert_frame_equal(history, other[1])
+
+
 def test_three_metric_forms_agree(loaders, mlp):
     dl_train, dl_val = loaders
     metrics = {"tm": accuracy_metric(), "tk": TorchkerasAccuracy(), "fn": accuracy}
