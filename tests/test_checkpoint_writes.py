@@ -1,6 +1,6 @@
-"""fit's best-weights file is written on a thread of its own while training goes on, and is whole
-whenever something relies on it: the next better epoch, a training state, a callback of the user's
-(which may read it), the end of fit."""
+"""fit's best-weights file, and a ModelCheckpoint's files, are written on a thread of their own while
+training goes on, and are whole whenever something relies on them: the next file, a training state,
+a callback of the user's (which may read them), the end of fit."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import kerastorch as kt
-from kerastorch.callbacks import kept_weights, training_state
+from kerastorch.callbacks import kept_weights, model_checkpoint, training_state
 from kerastorch.files.state import load_state_file
 
 WRITE_SECONDS = 0.3  # far longer than from one epoch's end to the next one's start: the write overlaps it
@@ -278,3 +278,162 @@ raise SystemExit(3)
     assert ended.returncode == 3, ended.stderr
     assert torch.equal(torch.load(ckpt)["w"], torch.ones(3))
     assert os.listdir(tmp_path) == ["best.pt"]
+
+
+# -- a ModelCheckpoint's files --------------------------------------------------------------------
+
+
+@pytest.fixture
+def slow_checkpoint_writes(monkeypatch):
+    """A ModelCheckpoint's ``save_weights``, started late as in :func:`slow_writes` (by half as much: still
+    far longer than an epoch of the digits): which thread wrote each file, when its write began and
+    ended, and the files beside it as it began."""
+    real_save, writes = model_checkpoint.save_weights, []
+
+    def slow_save(weights, path):
+        began = time.perf_counter()
+        beside = sorted(os.listdir(os.path.dirname(path)))
+        time.sleep(WRITE_SECONDS / 2)
+        real_save(weights, path)
+        writes.append(
+            {
+                "thread": threading.current_thread(),
+                "began": began,
+                "ended": time.perf_counter(),
+                "path": os.path.basename(path),
+                "beside": beside,
+            }
+        )
+
+    monkeypatch.setattr(model_checkpoint, "save_weights", slow_save)
+    return writes
+
+
+class EpochWeights(kt.Callback):
+    """A callback of the user's that never reads the files: each epoch's weights, as they were at its end."""
+
+    reads_ckpt_path = False
+
+    def __init__(self):
+        self.weights = {}
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.weights[epoch] = {k: v.detach().clone() for k, v in self.model.net.state_dict().items()}
+
+
+def holds(path, weights):
+    written = load_file(path)
+    return written.keys() == weights.keys() and all(torch.equal(written[k], v) for k, v in weights.items())
+
+
+def test_a_model_checkpoints_files_are_written_while_training_goes_on_and_whole_when_fit_returns(
+    loaders, mlp, tmp_path, slow_checkpoint_writes
+):
+    forwards = training_forwards(mlp)
+    epoch_weights = EpochWeights()
+    checkpoint = kt.callbacks.ModelCheckpoint(tmp_path / "e{epoch}.safetensors", keep_last=2)
+    model = adam_model(mlp)
+    model.fit(*loaders, epochs=3, patience=None, monitor="train_loss", verbose=0, callbacks=[checkpoint, epoch_weights])
+
+    writes = slow_checkpoint_writes
+    assert [w["path"] for w in writes] == ["e1.safetensors", "e2.safetensors", "e3.safetensors"]
+    # All on one thread of the callback's, gone when fit returns; epoch 2 trained while epoch 1's file
+    # was being written.
+    writer = writes[0]["thread"]
+    assert writer is not threading.main_thread() and not writer.is_alive()
+    assert all(w["thread"] is writer for w in writes)
+    assert any(writes[0]["began"] < t < writes[0]["ended"] for t in forwards)
+    # keep_last=2 let go of epoch 1's file only once epoch 3's was whole: it was still there as that began.
+    assert writes[2]["beside"] == ["e1.safetensors", "e2.safetensors"]
+    # When fit returned, the two last files held their epochs' weights, whole, and nothing else was left.
+    assert sorted(os.listdir(tmp_path)) == ["e2.safetensors", "e3.safetensors"]
+    assert holds(tmp_path / "e2.safetensors", epoch_weights.weights[2])
+    assert holds(tmp_path / "e3.safetensors", epoch_weights.weights[3])
+
+
+def test_a_model_checkpoint_every_n_batches_writes_while_the_next_batches_train(
+    loaders, mlp, tmp_path, slow_checkpoint_writes
+):
+    forwards = training_forwards(mlp)
+    checkpoint = kt.callbacks.ModelCheckpoint(tmp_path / "e{epoch}-b{batch}.pt", save_freq=10)
+    adam_model(mlp).fit(loaders[0], epochs=1, verbose=0, callbacks=[checkpoint])
+
+    writes = slow_checkpoint_writes
+    assert [w["path"] for w in writes] == ["e1-b10.pt", "e1-b20.pt"]  # 22 batches of 64 digits
+    # The batches after the 10th trained while its file was being written (they take far less than the
+    # write): the loop waited only at the 20th, for the file before it.
+    began, ended = writes[0]["began"], writes[0]["ended"]
+    assert sum(began < t < ended for t in forwards) >= 9
+    assert sorted(os.listdir(tmp_path)) == ["e1-b10.pt", "e1-b20.pt"]
+
+
+def test_a_callback_of_yours_finds_a_model_checkpoints_file_of_this_epoch_at_its_end(
+    loaders, mlp, tmp_path, slow_checkpoint_writes
+):
+    """With a callback of the user's in the run, each file is whole before it is called (as when every
+    write stopped training), however slow the disk."""
+    reads = []
+    reader = kt.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: reads.append(holds(tmp_path / f"e{epoch}.safetensors", mlp.state_dict()))
+    )
+    checkpoint = kt.callbacks.ModelCheckpoint(tmp_path / "e{epoch}.safetensors")
+    adam_model(mlp).fit(*loaders, epochs=2, patience=None, verbose=0, callbacks=[checkpoint, reader])
+
+    assert len(slow_checkpoint_writes) == 2
+    assert reads == [True, True]
+
+
+def test_a_training_state_is_written_only_once_the_model_checkpoint_files_it_names_are_whole(
+    loaders, mlp, tmp_path, slow_checkpoint_writes, monkeypatch
+):
+    real_save_state, named = training_state.save_state_file, []
+
+    def save_then_look(state, path):
+        """Right after the state is written: are the files it names there, whole?"""
+        real_save_state(state, path)
+        saved = load_state_file(path)
+        paths = next(s["saved_paths"] for s in saved["callbacks"].values() if "saved_paths" in s)
+        named.append([os.path.basename(p) for p in paths if os.path.isfile(p) and load_file(p)])
+
+    monkeypatch.setattr(training_state, "save_state_file", save_then_look)
+    checkpoint = kt.callbacks.ModelCheckpoint(tmp_path / "e{epoch}.safetensors", keep_last=2)
+    adam_model(mlp).fit(
+        *loaders, epochs=3, verbose=0, ckpt_path=tmp_path / "best.safetensors", resume=True, callbacks=[checkpoint]
+    )
+
+    # A run killed right after any of these states would resume with every file it names.
+    assert named == [["e1.safetensors"], ["e1.safetensors", "e2.safetensors"], ["e2.safetensors", "e3.safetensors"]]
+
+
+def test_a_model_checkpoint_write_that_fails_fails_fit_and_keeps_the_older_files(loaders, mlp, tmp_path):
+    # A folder where epoch 2's file goes: its write fails on the callback's thread.
+    os.makedirs(tmp_path / "e2.pt" / "in-the-way")
+    checkpoint = kt.callbacks.ModelCheckpoint(tmp_path / "e{epoch}.pt", keep_last=1)
+    model = adam_model(mlp)
+    with pytest.raises(OSError, match="e2.pt"):
+        model.fit(*loaders, epochs=4, patience=None, verbose=0, callbacks=[checkpoint])
+    # The error came at the next file, epoch 3's, before it was begun; keep_last=1 never removed epoch
+    # 1's file, the last written whole, and no temporary file is left.
+    assert len(model.history) == 3
+    assert sorted(os.listdir(tmp_path)) == ["e1.pt", "e2.pt"]
+    assert torch.load(tmp_path / "e1.pt", weights_only=True).keys() == mlp.state_dict().keys()
+
+
+def test_a_model_checkpoints_thread_computes_nothing(loaders, tmp_path, monkeypatch):
+    """As fit's own file (above): the copy is made on the training thread, the thread only writes."""
+    real_write, ops = model_checkpoint.ModelCheckpoint._write, []
+
+    def recorded_write(self, *args):
+        with OpsOnThisThread() as recorder:
+            real_write(self, *args)
+        ops.extend(recorder.ops)
+
+    monkeypatch.setattr(model_checkpoint.ModelCheckpoint, "_write", recorded_write)
+    torch.manual_seed(0)
+    shared = nn.Linear(64, 64)
+    net = nn.Sequential(shared, nn.ReLU(), shared, nn.ReLU(), nn.Linear(64, 10))
+    checkpoint = kt.callbacks.ModelCheckpoint(tmp_path / "e{epoch}.safetensors")
+    adam_model(net).fit(*loaders, epochs=2, verbose=0, callbacks=[checkpoint])
+
+    assert ops, "the recorder saw no op on the write's thread: it did not record the write"
+    assert not sorted({str(op) for op in ops if not op.is_view})

@@ -41,9 +41,10 @@ class Callback:
     bar last.
 
     With a callback of yours in the run, ``fit`` writes each better epoch's file at ``ckpt_path``
-    before calling it, so it may read the file at the epoch's end. One that never reads it can say
-    so with ``reads_ckpt_path = False``: with only such callbacks of yours, the file is written on a
-    thread of its own while the next epoch trains, as in a run with none.
+    (and each file of a :class:`~kerastorch.callbacks.ModelCheckpoint`) before calling it, so it may
+    read the file at the epoch's end. One that never reads them can say so with
+    ``reads_ckpt_path = False``: with only such callbacks of yours, the files are written on a
+    thread of their own while the next epoch trains, as in a run with none.
 
     Example::
 
@@ -97,10 +98,11 @@ class Callback:
 
 
 def may_read_ckpt_path(callback: Callback) -> bool:
-    """Whether ``callback`` may read the best-weights file while training goes on, so that fit must write
-    it before calling it (see :class:`~kerastorch.callbacks.kept_weights.KeptWeights`): one that runs
-    code of the user's (a class of theirs, a subclass of one of kerastorch's too, or one of kerastorch's
-    that calls functions they gave it), unless it says it never reads the file (``reads_ckpt_path``).
+    """Whether ``callback`` may read the best-weights file (or a ModelCheckpoint's) while training
+    goes on, so that fit must write it before calling it (see
+    :class:`~kerastorch.callbacks.kept_weights.KeptWeights`): one that runs code of the user's (a
+    class of theirs, a subclass of one of kerastorch's too, or one of kerastorch's that calls
+    functions they gave it), unless it says it never reads the file (``reads_ckpt_path``).
     kerastorch's own callbacks read it only once ``fit`` has waited for it (``on_train_end``)."""
     runs_your_code = callback.calls_your_functions or not type(callback).__module__.startswith("kerastorch.")
     return runs_your_code and callback.reads_ckpt_path

@@ -7,6 +7,7 @@ import string
 from typing import Any, Optional, Union
 
 from ..checks.values import check_real_number, check_verbose, check_whole_number
+from ..files.background import BackgroundWriter
 from ..files.weights import check_writable, save_weights
 from ..strategies import strategy_of, whole_weights_on_main
 from .monitor import MonitorCallback
@@ -61,6 +62,15 @@ class ModelCheckpoint(MonitorCallback):
     half-written checkpoint; only the main process writes. Load one back with
     ``model.load_ckpt(path)``. ``fit(ckpt_path=...)`` already keeps the best epoch's
     weights; use this callback for anything more.
+
+    In ``fit``, each file is written on a thread of its own while training goes on, as ``fit``'s
+    own ``ckpt_path`` is (:mod:`~kerastorch.files.background`): the weights are copied to host
+    memory at once, and the disk takes them while the next batches train. Every file is whole
+    before anything relies on it: the next file this callback writes, a training state (which
+    names them), and the end of ``fit``; ``keep_last`` removes an old file only once the new one
+    is whole. With a callback of yours in the run that may read files
+    (:func:`~kerastorch.callbacks.base.may_read_ckpt_path`), each file is written before the
+    callbacks after this one are called instead.
 
     Example::
 
@@ -125,6 +135,8 @@ class ModelCheckpoint(MonitorCallback):
         self.every_n_epochs = every_n_epochs
         self.keep_last = keep_last
         self.saved_paths: list[str] = []  # oldest first; only what this callback wrote
+        self.write_while_training = False  # set by fit for its run (see the class's note)
+        self._writer = BackgroundWriter("kerastorch-model-checkpoint")
         self.epoch = 0  # the epoch under way, for {epoch} in files written between batches
         self.batches_since_save = 0  # counted across epochs, as Keras does
         self.batches_per_save = 0 if save_freq == "epoch" else int(save_freq)
@@ -136,6 +148,7 @@ class ModelCheckpoint(MonitorCallback):
         # A reused callback starts each run afresh (a resumed run gets its state back afterwards).
         self.best, self.best_epoch, self.saved_paths = self.initial_value_threshold, None, []
         self.batches_since_save = 0
+        self.write_while_training = bool(self.params.get("write_while_training", False))
         self.resolve_mode()
         if self.save_best_only:
             self.check_monitor_is_logged()
@@ -204,25 +217,41 @@ class ModelCheckpoint(MonitorCallback):
 
     def save(self, epoch: int, logs: Any, batch: Optional[int] = None) -> None:
         """Write the whole weights (gathered on every process where the strategy needs them all)."""
+        # The file under way is whole first: one copy of the weights waits for the disk at a time, and
+        # its error (a full disk) stops training here.
+        self._writer.wait()
+        # Copied on the training thread: the writer's thread must compute nothing (see files.background).
         weights = whole_weights_on_main(self.model)
         if weights is None:
             return
         named = {f: logs[f] for f in self.fields if f not in ("epoch", "batch")}  # only the values it names
         path = self.filepath.format(**named, epoch=epoch, batch=batch)
-        save_weights(weights, path)
-        self._remember(path)
         if self.verbose:
             where = f"epoch {epoch}" if batch is None else f"epoch {epoch}, batch {batch}"
-            self.model.print(f"ModelCheckpoint at {where}: saved the weights to {path}")
+            self.model.print(f"ModelCheckpoint at {where}: saving the weights to {path}")
+        dropped = self._remember(path)
+        self._writer.start(lambda: self._write(weights, path, dropped))
+        if not self.write_while_training:
+            self._writer.wait()
 
-    def _remember(self, path: str) -> None:
+    def _remember(self, path: str) -> list[str]:
+        """Count ``path`` as written; the files ``keep_last`` lets go of, to remove once it is."""
         if path in self.saved_paths:  # a name without {epoch} is overwritten, not added
             self.saved_paths.remove(path)
         self.saved_paths.append(path)
+        dropped = []
         while self.keep_last is not None and len(self.saved_paths) > self.keep_last:
-            oldest = self.saved_paths.pop(0)
+            dropped.append(self.saved_paths.pop(0))
+        return dropped
+
+    def _write(self, weights: dict, path: str, dropped: list[str]) -> None:
+        save_weights(weights, path)
+        for oldest in dropped:  # only once the newer file is whole: a crash never leaves fewer than keep_last
             if self.is_own(oldest) and os.path.isfile(oldest):  # never anything outside this callback's folder
                 os.remove(oldest)
+
+    def on_train_end(self, logs=None):
+        self._writer.close()  # fit returns with every file whole (or raises the last write's error)
 
     @property
     def folder(self) -> str:
@@ -237,6 +266,8 @@ class ModelCheckpoint(MonitorCallback):
         return os.path.commonpath([real, folder]) == folder and real != folder and real.endswith(suffix)
 
     def state_dict(self):
+        # A training state that names these files is written only once they are whole.
+        self._writer.wait()
         return {
             **super().state_dict(),
             "saved_paths": list(self.saved_paths),

@@ -406,7 +406,7 @@ def callbacks_for_fit(
     says = int(output.verbose > 0)
     users_stoppers = early_stoppings_in(settings.callbacks)  # with one, fit adds no stopper of its own
     stale_state = training_state_path(watch.ckpt_path) if watch.ckpt_path and not watch.resume else None
-    # The best-weights file is written while the next epoch trains, unless code of the user's may read it.
+    # Files are written while the next epoch trains, unless code of the user's may read them.
     write_while_training = not any(may_read_ckpt_path(callback) for callback in settings.callbacks)
     best_weights: Optional[RestoreBestWeights] = None
     if watch.monitor is None:  # nothing monitored: the last epoch's weights stay
@@ -464,6 +464,9 @@ def callbacks_for_fit(
         "metrics": columns,
         "train_data": train_loader,
         "ckpt_path": watch.ckpt_path,
+        # Whether files (ckpt_path, a ModelCheckpoint's) may be written while training goes on: no code
+        # of the user's that may read them runs before fit has waited for them.
+        "write_while_training": write_while_training,
         "best": best_weights,  # fit's best epoch, decided once: .best_epoch, .best (the progress mark, loggers)
     }
     return CallbackList(chosen, model, params)
