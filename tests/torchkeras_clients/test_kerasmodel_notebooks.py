@@ -150,6 +150,9 @@ def test_02_kerasmodel_wandb_demo(mnist_like, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DIR", os.getcwd())
+    # wandb keeps the settings of this process's first run (its folder among them) until torn down: a
+    # test that ran wandb earlier would have this run's files written in that test's folder.
+    wandb.teardown()
     from argparse import Namespace
 
     config = Namespace(
