@@ -135,7 +135,6 @@ class ModelCheckpoint(MonitorCallback):
         self.every_n_epochs = every_n_epochs
         self.keep_last = keep_last
         self.saved_paths: list[str] = []  # oldest first; only what this callback wrote
-        self.write_while_training = False  # set by fit for its run (see the class's note)
         self._writer = BackgroundWriter("kerastorch-model-checkpoint")
         self.epoch = 0  # the epoch under way, for {epoch} in files written between batches
         self.batches_since_save = 0  # counted across epochs, as Keras does
@@ -148,7 +147,6 @@ class ModelCheckpoint(MonitorCallback):
         # A reused callback starts each run afresh (a resumed run gets its state back afterwards).
         self.best, self.best_epoch, self.saved_paths = self.initial_value_threshold, None, []
         self.batches_since_save = 0
-        self.write_while_training = bool(self.params.get("write_while_training", False))
         self.resolve_mode()
         if self.save_best_only:
             self.check_monitor_is_logged()
@@ -231,7 +229,7 @@ class ModelCheckpoint(MonitorCallback):
             self.model.print(f"ModelCheckpoint at {where}: saving the weights to {path}")
         dropped = self._remember(path)
         self._writer.start(lambda: self._write(weights, path, dropped))
-        if not self.write_while_training:
+        if not self.params.get("write_while_training", False):  # fit's decision for its run (the class's note)
             self._writer.wait()
 
     def _remember(self, path: str) -> list[str]:
