@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -40,11 +41,15 @@ def ray_instance():
     saved = {name: os.environ.get(name) for name in ("PYTHONPATH", POLL_INTERVAL)}
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), str(TESTS), saved["PYTHONPATH"]) if p)
     os.environ[POLL_INTERVAL] = str(POLL_INTERVAL_S)  # Ray Train passes it on to its controller
+    # Ray Train's trainer leaves its own Ctrl-C handler installed after fit returns, which then fails
+    # (its controller is gone): the tests that press Ctrl-C in a later fit need the caller's back.
+    handler = signal.getsignal(signal.SIGINT)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         yield
     finally:
         ray.shutdown()
+        signal.signal(signal.SIGINT, handler)
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name)
