@@ -81,6 +81,8 @@ def fit_and_record(
 class EpochsBegun(kt.Callback):
     """The epochs this process trained (a resumed run begins after the restored one)."""
 
+    reads_ckpt_path = False  # fit's files may be written while training goes on, as in a run without it
+
     def __init__(self):
         self.epochs: list[int] = []
 
@@ -114,6 +116,8 @@ class FailOnce(kt.Callback):
     taken yet dies with the worker, so the restart would begin from the report before.
     """
 
+    reads_ckpt_path = False
+
     def __init__(self, marker: str, wait_s: float = 0.0):
         self.marker = marker
         self.wait_s = wait_s
@@ -129,17 +133,33 @@ class FailOnce(kt.Callback):
             os._exit(1)  # as a crash or a preempted node: no Python cleanup
 
 
+def write_states_late(seconds: float) -> None:
+    """Every training state's write, in this process, begins ``seconds`` late."""
+    from kerastorch.callbacks import training_state
+
+    write = training_state.write_plain_state
+
+    def late(plain: dict, path: str) -> None:
+        time.sleep(seconds)
+        write(plain, path)
+
+    training_state.write_plain_state = late
+
+
 def train_in_ray_worker(config: dict) -> None:
     """``train_loop_per_worker``: the same training as :func:`main`, in a worker of Ray Train.
 
     ``config``: ``out_dir``; ``resume`` (keep the training state, in a new folder each time the
     worker starts, so whatever is resumed comes from Ray's checkpoint); ``fail_marker`` (rank 1
-    dies once in epoch 2, ``fail_wait_s`` seconds into a batch). ``rank{rank}.json`` says too
+    dies once in epoch 2, ``fail_wait_s`` seconds into a batch); ``slow_state_writes_s`` (each
+    training state's write begins that late, as on a slow disk). ``rank{rank}.json`` says too
     which checkpoint Ray restarted the worker from.
     """
     import ray.train
 
     torch.set_num_threads(1)
+    if config.get("slow_state_writes_s"):
+        write_states_late(config["slow_state_writes_s"])
     rank = ray.train.get_context().get_world_rank()
     options: dict = {}
     if config.get("fail_marker") and rank == 1:

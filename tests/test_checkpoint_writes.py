@@ -18,7 +18,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import kerastorch as kt
+from conftest import make_mlp
 from kerastorch.callbacks import kept_weights, model_checkpoint, training_state
+from kerastorch.files import background
 from kerastorch.files.state import load_state_file
 
 WRITE_SECONDS = 0.3  # far longer than from one epoch's end to the next one's start: the write overlaps it
@@ -107,17 +109,17 @@ def test_a_training_state_is_written_only_once_ckpt_path_holds_the_best_weights_
     loaders, mlp, tmp_path, slow_writes, monkeypatch
 ):
     ckpt = tmp_path / "best.safetensors"
-    real_save_state, same = training_state.save_state_file, []
+    real_write_state, same = training_state.write_plain_state, []
 
     def save_then_compare(state, path):
         """Right after the state is written: the best weights it holds against ckpt_path's."""
-        real_save_state(state, path)
+        real_write_state(state, path)
         saved = load_state_file(path)
         kept = next(s["best_weights"] for s in saved["callbacks"].values() if "best_weights" in s)
         written = load_file(ckpt)
         same.append(all(torch.equal(written[k], v) for k, v in kept.items()))
 
-    monkeypatch.setattr(training_state, "save_state_file", save_then_compare)
+    monkeypatch.setattr(training_state, "write_plain_state", save_then_compare)
     fit_each_epoch_best(adam_model(mlp), loaders, ckpt, resume=True)
     # A run killed right after any of these states would resume with the file its state names.
     assert same == [True, True, True]
@@ -386,16 +388,16 @@ def test_a_callback_of_yours_finds_a_model_checkpoints_file_of_this_epoch_at_its
 def test_a_training_state_is_written_only_once_the_model_checkpoint_files_it_names_are_whole(
     loaders, mlp, tmp_path, slow_checkpoint_writes, monkeypatch
 ):
-    real_save_state, named = training_state.save_state_file, []
+    real_write_state, named = training_state.write_plain_state, []
 
     def save_then_look(state, path):
         """Right after the state is written: are the files it names there, whole?"""
-        real_save_state(state, path)
+        real_write_state(state, path)
         saved = load_state_file(path)
         paths = next(s["saved_paths"] for s in saved["callbacks"].values() if "saved_paths" in s)
         named.append([os.path.basename(p) for p in paths if os.path.isfile(p) and load_file(p)])
 
-    monkeypatch.setattr(training_state, "save_state_file", save_then_look)
+    monkeypatch.setattr(training_state, "write_plain_state", save_then_look)
     checkpoint = kt.callbacks.ModelCheckpoint(tmp_path / "e{epoch}.safetensors", keep_last=2)
     adam_model(mlp).fit(
         *loaders, epochs=3, verbose=0, ckpt_path=tmp_path / "best.safetensors", resume=True, callbacks=[checkpoint]
@@ -438,3 +440,135 @@ def test_a_model_checkpoints_thread_computes_nothing(loaders, tmp_path, monkeypa
     assert ops, "the recorder saw no op on the write's thread: it did not record the write"
     computing = sorted({str(op) for op in ops if not op.is_view})
     assert not computing, f"the write's thread ran {computing}: copy on the training thread instead"
+
+
+# -- the training state ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def slow_state_writes(monkeypatch):
+    """The training state's real write, started late as in :func:`slow_checkpoint_writes`: which thread
+    wrote each state, when its write began and ended, and the state read back from the file."""
+    real_write, writes = training_state.write_plain_state, []
+
+    def slow_write(plain, path):
+        began = time.perf_counter()
+        time.sleep(WRITE_SECONDS / 2)
+        real_write(plain, path)
+        ended = time.perf_counter()
+        writes.append(
+            {"thread": threading.current_thread(), "began": began, "ended": ended, "state": load_state_file(path)}
+        )
+
+    monkeypatch.setattr(training_state, "write_plain_state", slow_write)
+    return writes
+
+
+class EpochTensors(kt.Callback):
+    """A callback of the user's that never reads the files: the net's weights and Adam's first moments
+    at each epoch's end (the next epoch changes both in place)."""
+
+    reads_ckpt_path = False
+
+    def __init__(self):
+        self.weights, self.moments = {}, {}
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.weights[epoch] = {k: v.detach().clone() for k, v in self.model.net.state_dict().items()}
+        self.moments[epoch] = [s["exp_avg"].clone() for s in self.model.optimizer.state.values()]
+
+
+def test_a_training_state_is_written_while_the_next_epoch_trains_and_holds_its_own_epochs_tensors(
+    loaders, mlp, tmp_path, slow_state_writes
+):
+    forwards = training_forwards(mlp)
+    ends = EpochTensors()
+    model = adam_model(mlp)
+    model.fit(*loaders, epochs=3, verbose=0, ckpt_path=tmp_path / "best.safetensors", resume=True, callbacks=[ends])
+
+    writes = slow_state_writes
+    assert [w["state"]["epoch"] for w in writes] == [1, 2, 3]
+    # On one thread of the state's, gone when fit returns; epoch 2 trained while epoch 1's state was written.
+    writer = writes[0]["thread"]
+    assert writer is not threading.main_thread() and not writer.is_alive()
+    assert all(w["thread"] is writer for w in writes)
+    assert any(writes[0]["began"] < t < writes[0]["ended"] for t in forwards)
+    # Each state holds its own epoch's weights and moments, though the next epoch changed both in place
+    # while it was being written: they were copied at the epoch's end.
+    for write in writes:
+        state, epoch = write["state"], write["state"]["epoch"]
+        assert all(torch.equal(state["net"][k], v) for k, v in ends.weights[epoch].items())
+        saved_moments = [s["exp_avg"] for s in state["optimizer"]["state"].values()]
+        assert len(saved_moments) == len(ends.moments[epoch]) == 4
+        assert all(torch.equal(saved, then) for saved, then in zip(saved_moments, ends.moments[epoch]))
+    # The run that finds the last state returns its history without training.
+    again = adam_model(make_mlp(seed=5)).fit(
+        *loaders, epochs=3, verbose=0, ckpt_path=tmp_path / "best.safetensors", resume=True
+    )
+    assert again["train_loss"].tolist() == model.history["train_loss"].tolist()
+
+
+def test_a_callback_of_yours_finds_the_last_epochs_training_state_whole(loaders, mlp, tmp_path, slow_state_writes):
+    """With a callback of the user's in the run, each state is whole before the next callback is called:
+    at an epoch's beginning, the state of the epoch before, however slow the disk."""
+    state_path = tmp_path / "best.safetensors.state"
+    found = []
+    reader = kt.callbacks.LambdaCallback(
+        on_epoch_begin=lambda epoch, logs: found.append(load_state_file(state_path)["epoch"] if epoch > 1 else None)
+    )
+    adam_model(mlp).fit(
+        *loaders, epochs=3, verbose=0, ckpt_path=tmp_path / "best.safetensors", resume=True, callbacks=[reader]
+    )
+    assert len(slow_state_writes) == 3
+    assert found == [None, 1, 2]
+
+
+class FolderInTheWay(kt.Callback):
+    """Never reads the files; at the end of the first epoch, before its state is written, puts a folder
+    where the state goes, so writing it fails."""
+
+    reads_ckpt_path = False
+
+    def __init__(self, path):
+        self.path = path
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 1:
+            os.makedirs(self.path / "in-the-way")
+
+
+def test_a_training_state_write_that_fails_fails_fit_at_the_next_state_and_leaves_no_half_file(loaders, mlp, tmp_path):
+    state_path = tmp_path / "best.safetensors.state"
+    model = adam_model(mlp)
+    with pytest.raises(OSError, match="best.safetensors.state"):
+        model.fit(
+            *loaders, epochs=4, verbose=0, ckpt_path=tmp_path / "best.safetensors", resume=True,
+            callbacks=[FolderInTheWay(state_path)],
+        )  # fmt: skip
+    # Epoch 1's state failed on the state's thread while epoch 2 trained; the error stopped fit at epoch
+    # 2's state, before it was begun. No temporary file is left beside the folder.
+    assert len(model.history) == 2
+    assert sorted(os.listdir(tmp_path)) == ["best.safetensors", "best.safetensors.state"]
+    assert os.listdir(state_path) == ["in-the-way"]
+
+
+def test_the_training_states_thread_computes_nothing(loaders, mlp, tmp_path, monkeypatch):
+    """As the weights' files (above): the state's tensors are copied on the training thread, and what runs
+    on the state's thread only hands them to the file."""
+    real_start, recorded = background.BackgroundWriter.start, []
+
+    def recorded_start(self, write):
+        def write_recorded():
+            with OpsOnThisThread() as recorder:
+                write()
+            recorded.append((self.name, recorder.ops))
+
+        real_start(self, write_recorded)
+
+    monkeypatch.setattr(background.BackgroundWriter, "start", recorded_start)
+    adam_model(mlp).fit(*loaders, epochs=2, verbose=0, ckpt_path=tmp_path / "best.safetensors", resume=True)
+
+    states = [ops for name, ops in recorded if name == "kerastorch-training-state"]
+    assert len(states) == 2, recorded
+    computing = sorted({str(op) for ops in states for op in ops if not op.is_view})
+    assert not computing, f"the state's thread ran {computing}: copy on the training thread instead"

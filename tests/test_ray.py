@@ -109,10 +109,12 @@ def test_two_ray_workers_train_as_one_job_and_report_every_epoch(ray_instance, t
 
 def test_a_worker_group_restarted_after_a_crash_resumes_from_rays_checkpoint(ray_instance, torchrun_history, tmp_path):
     marker = tmp_path / "crashed-once"
-    # Worker 1 dies in epoch 2, once Ray's controller has surely taken epoch 1's report.
+    # Worker 1 dies in epoch 2, once Ray's controller has surely taken epoch 1's report. Rank 0's disk
+    # is slow: each epoch's report copies its training state, which must be whole by then.
     result, ranks = train_with_ray(
-        tmp_path / "out", tmp_path / "storage", resume=True, fail_marker=str(marker), fail_wait_s=8 * POLL_INTERVAL_S
-    )
+        tmp_path / "out", tmp_path / "storage", resume=True, fail_marker=str(marker), fail_wait_s=8 * POLL_INTERVAL_S,
+        slow_state_writes_s=0.5,
+    )  # fmt: skip
     assert marker.exists() and result.error is None  # Ray started both workers again
     assert all(seen["restarted_from"] for seen in ranks)
     # Each worker began again in a new, empty folder: what it resumed from came from Ray's checkpoint.

@@ -42,7 +42,8 @@ class Callback:
 
     With a callback of yours in the run, ``fit`` writes each better epoch's file at ``ckpt_path``
     (and each file of a :class:`~kerastorch.callbacks.ModelCheckpoint`) before calling it, so it may
-    read the file at the epoch's end. One that never reads them can say so with
+    read the file at the epoch's end; the training state (``resume=True``, ``BackupAndRestore``) is
+    then written before the next callback after it. One that never reads them can say so with
     ``reads_ckpt_path = False``: with only such callbacks of yours, the files are written on a
     thread of their own while the next epoch trains, as in a run with none.
 
@@ -98,8 +99,8 @@ class Callback:
 
 
 def may_read_ckpt_path(callback: Callback) -> bool:
-    """Whether ``callback`` may read the best-weights file (or a ModelCheckpoint's) while training
-    goes on, so that fit must write it before calling it (see
+    """Whether ``callback`` may read the best-weights file (or a ModelCheckpoint's, or the training
+    state) while training goes on, so that fit must write it before calling it (see
     :class:`~kerastorch.callbacks.kept_weights.KeptWeights`): one that runs code of the user's (a
     class of theirs, a subclass of one of kerastorch's too, or one of kerastorch's that calls
     functions they gave it), unless it says it never reads the file (``reads_ckpt_path``).

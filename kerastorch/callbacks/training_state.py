@@ -22,7 +22,13 @@ interrupted (exactly, on the CPU). With no state, the run starts fresh: keep the
 from the first run on and simply run the same script or notebook cell again after a crash.
 
 The file is written atomically (a kill leaves the previous file, never half a file), only by the
-main process, and read without running code stored in it. A state whose loss is NaN or infinite
+main process, and read without running code stored in it. In ``fit`` it is written on a thread of
+its own while training goes on (:mod:`~kerastorch.files.background`): the state's tensors are
+copied in host memory first, on the training thread, since training goes on changing the net's and
+the optimizer's in place. The next state waits for it, and ``fit`` returns with it whole. It is
+written before the later callbacks of its epoch instead when one may read it: a callback of yours
+(:func:`~kerastorch.callbacks.base.may_read_ckpt_path`), or the report to Ray Train, which copies it.
+A preempted run writes its state before it stops. A state whose loss is NaN or infinite
 is not written, so the state stays at the last good point. A state from ``k`` processes resumes
 under ``k`` processes. A finished run keeps its state (unless the callback removes it): running it
 again returns at once with its history and best weights, and a larger ``epochs`` trains on from
@@ -46,7 +52,8 @@ import torch
 from ..data.loaders import EpochSteps
 from ..data.resumable import resumable_inside
 from ..devices.main_process import read_on_main_process
-from ..files.state import load_state_file, save_state_file, to_plain
+from ..files.background import BackgroundWriter
+from ..files.state import load_state_file, to_plain, write_plain_state
 from ..strategies import strategy_of, unwrap
 from ..training.position import EpochResume, RunPosition
 from ..training.rng import capture_rng_state, restore_rng_state
@@ -111,15 +118,26 @@ class TrainingState(Callback):
         self.finished = False  # training ran to its end (the last epoch, or stopped early)
         self._since_save = 0
         self._saved_at: Optional[tuple[int, int]] = None
+        self.read_at_epoch_end = False  # a callback after it copies the file (Ray's report): written before it
+        self._writer = BackgroundWriter("kerastorch-training-state")
 
-    def attach(self, callbacks: Iterable[Any], loaders: Iterable[Any], position: RunPosition, mid_epoch: bool) -> None:
+    def attach(
+        self,
+        callbacks: Iterable[Any],
+        loaders: Iterable[Any],
+        position: RunPosition,
+        mid_epoch: bool,
+        read_at_epoch_end: bool = False,
+    ) -> None:
         """What ``fit`` tells it: the callbacks whose state it keeps, the loaders whose data order it
-        keeps, where the run is, and whether the training step is fit's own (a torchkeras program's
-        runner is not: its states are written after epochs only)."""
+        keeps, where the run is, whether the training step is fit's own (a torchkeras program's
+        runner is not: its states are written after epochs only), and whether a callback after it
+        reads the file at each epoch's end (it is then written before)."""
         self.callbacks = [cb for cb in callbacks if cb is not self]
         self.loaders = list(loaders)
         self.position = position
         self.mid_epoch = mid_epoch
+        self.read_at_epoch_end = read_at_epoch_end
         if not mid_epoch and isinstance(self.save_freq, int) and self.save_freq is not False:
             raise ValueError(
                 f"{type(self).__name__}(save_freq={self.save_freq}) writes the state inside epochs, which needs fit's own "
@@ -170,29 +188,55 @@ class TrainingState(Callback):
             follower = resumable_inside(loader)
             if follower is not None:
                 follower.release()
+        # fit returns with the last state whole, or raises its write's error (the state before it stays).
+        self._writer.close()
         if self.removes_when_done and self.finished and self.model.is_main_process:
             remove_training_state(self.path)
 
     # -- writing ---------------------------------------------------------------------------
 
-    def save(self, epoch: int, batches: int) -> Optional[str]:
+    def save(self, epoch: int, batches: int, while_training: bool = True) -> Optional[str]:
         """Write the state after ``epoch`` finished epochs and ``batches`` batches of the next one;
         every process calls it at the same point. Returns the path, or None when the state was not
-        written (a NaN or infinite loss: the state stays at the last good point)."""
+        written (a NaN or infinite loss: the state stays at the last good point).
+
+        The file is written while training goes on when ``while_training`` and the run allow it (see
+        the module's note); :meth:`wait_written` returns once it is whole."""
         if self._saved_at == (epoch, batches):
             return self.path
         if not self._losses_are_finite(batches):
             return None
+        # The state under way is whole first: one copy waits for the disk at a time, and a failed
+        # write (a full disk) stops training here, with the state before it on disk.
+        self.wait_written()
         state = self.collect(epoch, batches)
-        if state is not None:
-            save_state_file(state, self.path)
+        if state is not None and while_training and self._writes_while_training():
+            # Copied here, on the training thread: the next batches change the live tensors in place
+            # (the optimizer's, the best weights kept), and the writer's thread must compute nothing
+            # (see files.background). The net's weights are a copy of their own already (whole_weights).
+            weights = state.pop("net")
+            plain, path = {**to_plain(state, copy=True), "net": to_plain(weights)}, self.path
+            self._writer.start(lambda: write_plain_state(plain, path))
+        elif state is not None:
+            write_plain_state(to_plain(state), self.path)
         self._saved_at = (epoch, batches)
         return self.path
 
+    def _writes_while_training(self) -> bool:
+        # fit's decision for its run (no callback of the user's may read the files), and no report reads it.
+        return bool(self.params.get("write_while_training", False)) and not self.read_at_epoch_end
+
+    def wait_written(self) -> None:
+        """Return once the last state is whole on disk; raise if writing it failed."""
+        self._writer.wait()
+
     def save_for_preemption(self, epoch: int, batches: int) -> str:
-        """Write the state where a preempted run stops: ``batches`` trained of ``epoch`` (0: before it)."""
+        """Write the state where a preempted run stops, ``batches`` trained of ``epoch`` (0: before it),
+        and return once it is on disk (the process ends next)."""
         self.finished = False  # preempted: a backup that is removed when fit completes stays
-        return self.save(epoch - 1, batches) or self.path
+        path = self.save(epoch - 1, batches, while_training=False) or self.path
+        self.wait_written()  # the state of the epoch that just ended may still be on its way
+        return path
 
     def _losses_are_finite(self, batches: int) -> bool:
         if self.history and not losses_are_finite(self.history[-1]):

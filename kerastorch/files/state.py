@@ -31,14 +31,16 @@ from .weights import load_plain
 _PLAIN_LEAVES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
 
 
-def to_plain(obj: Any, where: str = "state") -> Any:
+def to_plain(obj: Any, where: str = "state", copy: bool = False) -> Any:
     """A copy of ``obj`` made only of values that ``torch.load(weights_only=True)`` reads back.
 
     Tensors are detached and moved to the CPU; numpy scalars become python numbers.
     Anything else raises a ``TypeError`` that names its place, e.g. ``state['lr_scheduler']['lr_lambdas'][0]``.
+    ``copy=True`` copies every tensor, those already in host memory too: for a state written while
+    training goes on changing the optimizer's and the net's tensors in place.
     """
     if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
+        return obj.detach().to("cpu", copy=True) if copy else obj.detach().cpu()
     if type(obj) in _PLAIN_LEAVES:
         return obj
     if isinstance(obj, np.generic):
@@ -51,10 +53,10 @@ def to_plain(obj: Any, where: str = "state") -> Any:
                     f"{where} has the key {key!r} (a {type(key).__name__}); a training state's keys must "
                     "be strings or ints."
                 )
-            plain[key] = to_plain(value, f"{where}[{key!r}]")
+            plain[key] = to_plain(value, f"{where}[{key!r}]", copy)
         return plain
     if type(obj) in (list, tuple):
-        return type(obj)(to_plain(value, f"{where}[{i}]") for i, value in enumerate(obj))
+        return type(obj)(to_plain(value, f"{where}[{i}]", copy) for i, value in enumerate(obj))
     raise TypeError(
         f"{where} is a {type(obj).__name__}, which a training state cannot hold: it could only be read back by "
         "running code stored in the file. A state_dict() should return tensors, numbers, strings and "
@@ -64,7 +66,12 @@ def to_plain(obj: Any, where: str = "state") -> Any:
 
 def save_state_file(state: dict, path: str | os.PathLike) -> None:
     """Write ``state`` to ``path`` atomically: a kill leaves the old file or the new one, never half of one."""
-    plain = to_plain(state)
+    write_plain_state(to_plain(state), path)
+
+
+def write_plain_state(plain: dict, path: str | os.PathLike) -> None:
+    """Write a state that :func:`to_plain` made, atomically. It computes nothing with torch (it hands
+    host tensors to the file), so it may run on a writer's thread (:mod:`.background`)."""
     atomic_write(path, lambda tmp: torch.save(plain, tmp))
 
 
@@ -87,4 +94,4 @@ def load_state_file(path: str | os.PathLike) -> dict:
     return state
 
 
-__all__ = ["load_state_file", "save_state_file", "to_plain"]
+__all__ = ["load_state_file", "save_state_file", "to_plain", "write_plain_state"]

@@ -66,7 +66,8 @@ class Strategy:
         """A group whose batches all ran under :meth:`no_sync`: exchange its gradients now."""
 
     def whole_weights(self, net: nn.Module, into: Optional[dict[str, torch.Tensor]] = None) -> dict[str, torch.Tensor]:
-        """The net's whole weights in host memory, under the net's own keys; written over the tensors of
+        """The net's whole weights in host memory, under the net's own keys: a copy of their own (a
+        training state written while training goes on copies them no more), written over the tensors of
         ``into`` (an earlier copy that nobody needs any more) where they fit (see :func:`cpu_state_dict`)."""
         return cpu_state_dict(net, into)
 

@@ -443,16 +443,18 @@ def callbacks_for_fit(
             "would each restore the run. Keep one: resume=True (with ckpt_path), or one BackupAndRestore."
         )
     position = position if position is not None else RunPosition()
+    runtime = model.runtime
+    reports_to_ray = runtime is not None and runtime.cluster.name == "ray"
     for state in states:
-        state.attach(list(chosen), (train_loader, val_loader), position, mid_epoch)
+        # Ray's report copies the state file at each epoch's end: it is written before, not while training.
+        state.attach(list(chosen), (train_loader, val_loader), position, mid_epoch, read_at_epoch_end=reports_to_ray)
         if preemption is not None:
             preemption.keep_state_with(state)
     if preemption is not None:
         chosen.append(preemption)
-    runtime = model.runtime
-    if runtime is not None and runtime.cluster.name == "ray":  # a Ray Train worker: report each epoch to Ray
+    if reports_to_ray:  # a Ray Train worker: report each epoch to Ray
         kept_files = [training_state_path(watch.ckpt_path)] if watch.resume and watch.ckpt_path else []
-        chosen.append(ray_train_report(watch.ckpt_path, kept_files, runtime.is_main_process))
+        chosen.append(ray_train_report(watch.ckpt_path, kept_files, model.is_main_process))
     if output.verbose:  # silent, a bar would only be called at every step to do nothing
         chosen.append(ProgressBar(verbose=output.verbose))
     params = {
@@ -464,8 +466,8 @@ def callbacks_for_fit(
         "metrics": columns,
         "train_data": train_loader,
         "ckpt_path": watch.ckpt_path,
-        # Whether files (ckpt_path, a ModelCheckpoint's) may be written while training goes on: no code
-        # of the user's that may read them runs before fit has waited for them.
+        # Whether files (ckpt_path, a ModelCheckpoint's, the training state) may be written while training
+        # goes on: no code of the user's that may read them runs before fit has waited for them.
         "write_while_training": write_while_training,
         "best": best_weights,  # fit's best epoch, decided once: .best_epoch, .best (the progress mark, loggers)
     }
