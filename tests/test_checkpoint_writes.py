@@ -1,6 +1,6 @@
-"""fit's best-weights file, and a ModelCheckpoint's files, are written on a thread of their own while
-training goes on, and are whole whenever something relies on them: the next file, a training state,
-a callback of the user's (which may read them), the end of fit."""
+"""fit's best-weights file, a ModelCheckpoint's files and the training state are written on threads of
+their own while training goes on, and are whole whenever something relies on them: the next file, a
+training state, a callback of the user's (which may read them), the end of fit."""
 
 from __future__ import annotations
 
