@@ -572,3 +572,37 @@ def test_the_training_states_thread_computes_nothing(loaders, mlp, tmp_path, mon
     assert len(states) == 2, recorded
     computing = sorted({str(op) for ops in states for op in ops if not op.is_view})
     assert not computing, f"the state's thread ran {computing}: copy on the training thread instead"
+
+
+class SigtermDuringValidation(kt.Callback):
+    """Never reads the files; sends this process SIGTERM as epoch 2's validation begins (fit then
+    stops at that epoch's end), and notes when its own on_train_end is called."""
+
+    reads_ckpt_path = False
+
+    def __init__(self):
+        self.epoch, self.train_end = None, None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_test_begin(self, logs=None):
+        if self.epoch == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_train_end(self, logs=None):
+        self.train_end = time.perf_counter()
+
+
+def test_a_preempted_run_stops_once_the_state_of_its_last_epoch_is_on_disk(loaders, mlp, tmp_path, slow_state_writes):
+    signaller = SigtermDuringValidation()
+    with pytest.raises(kt.Preempted, match="after epoch 2"):
+        adam_model(mlp).fit(
+            *loaders, epochs=4, verbose=0, ckpt_path=tmp_path / "best.safetensors", resume=True, callbacks=[signaller]
+        )
+    writes = slow_state_writes
+    assert [w["state"]["epoch"] for w in writes] == [1, 2]
+    # Epoch 2's state went to the state's thread at the epoch's end; the stop waited for it, before the
+    # callbacks' ends (where fit would wait for it anyway) and before a requeue under SLURM.
+    assert writes[1]["thread"] is not threading.main_thread()
+    assert writes[1]["ended"] < signaller.train_end
