@@ -474,17 +474,24 @@ class EpochTensors(kt.Callback):
         self.weights, self.moments = {}, {}
 
     def on_epoch_end(self, epoch, logs=None):
-        self.weights[epoch] = {k: v.detach().clone() for k, v in self.model.net.state_dict().items()}
-        self.moments[epoch] = [s["exp_avg"].clone() for s in self.model.optimizer.state.values()]
+        self.weights[epoch] = {k: v.detach().to("cpu", copy=True) for k, v in self.model.net.state_dict().items()}
+        self.moments[epoch] = [s["exp_avg"].to("cpu", copy=True) for s in self.model.optimizer.state.values()]
 
 
+ON_A_GPU = pytest.param(
+    "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+)
+
+
+@pytest.mark.parametrize("accelerator", ["cpu", ON_A_GPU])
 def test_a_training_state_is_written_while_the_next_epoch_trains_and_holds_its_own_epochs_tensors(
-    loaders, mlp, tmp_path, slow_state_writes
+    loaders, mlp, tmp_path, slow_state_writes, accelerator
 ):
     forwards = training_forwards(mlp)
     ends = EpochTensors()
     model = adam_model(mlp)
-    model.fit(*loaders, epochs=3, verbose=0, ckpt_path=tmp_path / "best.safetensors", resume=True, callbacks=[ends])
+    ckpt = tmp_path / "best.safetensors"
+    model.fit(*loaders, epochs=3, verbose=0, ckpt_path=ckpt, resume=True, callbacks=[ends], accelerator=accelerator)
 
     writes = slow_state_writes
     assert [w["state"]["epoch"] for w in writes] == [1, 2, 3]
@@ -503,7 +510,7 @@ def test_a_training_state_is_written_while_the_next_epoch_trains_and_holds_its_o
         assert all(torch.equal(saved, then) for saved, then in zip(saved_moments, ends.moments[epoch]))
     # The run that finds the last state returns its history without training.
     again = adam_model(make_mlp(seed=5)).fit(
-        *loaders, epochs=3, verbose=0, ckpt_path=tmp_path / "best.safetensors", resume=True
+        *loaders, epochs=3, verbose=0, ckpt_path=ckpt, resume=True, accelerator=accelerator
     )
     assert again["train_loss"].tolist() == model.history["train_loss"].tolist()
 
