@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import kerastorch as kt
 from conftest import make_mlp
 from kerastorch.callbacks import kept_weights, model_checkpoint, training_state
-from kerastorch.files import background
+from kerastorch.files import background, host_memory
 from kerastorch.files.state import load_state_file
 
 WRITE_SECONDS = 0.3  # far longer than from one epoch's end to the next one's start: the write overlaps it
@@ -613,3 +613,34 @@ def test_a_preempted_run_stops_once_the_state_of_its_last_epoch_is_on_disk(loade
     # callbacks' ends (where fit would wait for it anyway) and before a requeue under SLURM.
     assert writes[1]["thread"] is not threading.main_thread()
     assert writes[1]["ended"] < signaller.train_end
+
+
+def test_a_training_state_too_large_to_copy_is_written_before_training_goes_on_and_says_so(
+    loaders, mlp, tmp_path, slow_state_writes, monkeypatch, capsys
+):
+    """A state whose copy would take more than half of the free host memory is written on the training
+    thread from the tensors themselves, before the next epoch trains. (The free memory reads 10 kB here:
+    no state of a test comes near half of this machine's.)"""
+    monkeypatch.setattr(host_memory, "available_host_memory", lambda: 10_000)
+    forwards = training_forwards(mlp)
+    ends = EpochTensors()
+    model = adam_model(mlp)
+    model.fit(*loaders, epochs=3, ckpt_path=tmp_path / "best.safetensors", resume=True, callbacks=[ends])
+
+    writes = slow_state_writes
+    assert [w["state"]["epoch"] for w in writes] == [1, 2, 3]
+    assert all(w["thread"] is threading.main_thread() for w in writes)
+    assert not any(w["began"] < t < w["ended"] for w in writes for t in forwards)
+    for write in writes:  # written from the live tensors, which nothing changed meanwhile
+        state, epoch = write["state"], write["state"]["epoch"]
+        assert all(torch.equal(state["net"][k], v) for k, v in ends.weights[epoch].items())
+        saved_moments = [s["exp_avg"] for s in state["optimizer"]["state"].values()]
+        assert all(torch.equal(saved, then) for saved, then in zip(saved_moments, ends.moments[epoch]))
+    # Said once, with the sizes: Adam's two moments and the best weights kept (float32), and the random
+    # generators' states (about 5 kB for each torch generator), not the net's weights (a copy already).
+    copied = sum(3 * p.numel() * 4 for p in mlp.parameters())
+    said = [line for line in capsys.readouterr().out.splitlines() if "The training state is written before" in line]
+    assert len(said) == 1, said
+    size = float(said[0].split("a copy of it (")[1].split(" kB)")[0]) * 1e3
+    assert copied < size < copied + 15_000
+    assert "more than half of the free host memory (10.0 kB)" in said[0]

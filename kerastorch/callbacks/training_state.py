@@ -27,7 +27,9 @@ its own while training goes on (:mod:`~kerastorch.files.background`): the state'
 copied in host memory first, on the training thread, since training goes on changing the net's and
 the optimizer's in place. The next state waits for it, and ``fit`` returns with it whole. It is
 written before the later callbacks of its epoch instead when one may read it: a callback of yours
-(:func:`~kerastorch.callbacks.base.may_read_ckpt_path`), or the report to Ray Train, which copies it.
+(:func:`~kerastorch.callbacks.base.may_read_ckpt_path`), or the report to Ray Train, which copies it;
+and before training goes on when its copy would take more than half of the free host memory
+(:mod:`~kerastorch.files.host_memory`).
 A preempted run writes its state before it stops. A state whose loss is NaN or infinite
 is not written, so the state stays at the last good point. A state from ``k`` processes resumes
 under ``k`` processes. A finished run keeps its state (unless the callback removes it): running it
@@ -53,6 +55,7 @@ from ..data.loaders import EpochSteps
 from ..data.resumable import resumable_inside
 from ..devices.main_process import read_on_main_process
 from ..files.background import BackgroundWriter
+from ..files.host_memory import copy_too_large, host_tensor_bytes
 from ..files.state import load_state_file, to_plain, write_plain_state
 from ..strategies import strategy_of, unwrap
 from ..training.position import EpochResume, RunPosition
@@ -120,6 +123,7 @@ class TrainingState(Callback):
         self._saved_at: Optional[tuple[int, int]] = None
         self.read_at_epoch_end = False  # a callback after it copies the file (Ray's report): written before it
         self._writer = BackgroundWriter("kerastorch-training-state")
+        self._said_written_in_loop = False  # that host memory holds no copy of the state (said once a run)
 
     def attach(
         self,
@@ -149,6 +153,7 @@ class TrainingState(Callback):
     def on_train_begin(self, logs=None):
         self.history, self.resumed_epoch, self.finished = [], None, False
         self._since_save, self._saved_at = 0, None
+        self._said_written_in_loop = False
         if self.model.is_main_process:
             # A run killed in the middle of a write leaves a temporary file beside the state
             # and beside the best weights (PATH for PATH.state); the real files are whole.
@@ -210,7 +215,7 @@ class TrainingState(Callback):
         # write (a full disk) stops training here, with the state before it on disk.
         self.wait_written()
         state = self.collect(epoch, batches)
-        if state is not None and while_training and self._writes_while_training():
+        if state is not None and while_training and self._writes_while_training() and self._copy_fits(state):
             # Copied here, on the training thread: the next batches change the live tensors in place
             # (the optimizer's, the best weights kept), and the writer's thread must compute nothing
             # (see files.background). The net's weights are a copy of their own already (whole_weights).
@@ -225,6 +230,21 @@ class TrainingState(Callback):
     def _writes_while_training(self) -> bool:
         # fit's decision for its run (no callback of the user's may read the files), and no report reads it.
         return bool(self.params.get("write_while_training", False)) and not self.read_at_epoch_end
+
+    def _copy_fits(self, state: dict) -> bool:
+        """Whether host memory holds the copy that a write beside training needs: the state's tensors in
+        host memory, but the net's weights (a copy already). Said once a run when it does not: the
+        state is then written before training goes on (see :mod:`~kerastorch.files.host_memory`)."""
+        too_large = copy_too_large(host_tensor_bytes({key: value for key, value in state.items() if key != "net"}))
+        if too_large is None:
+            return True
+        if not self._said_written_in_loop and self.verbose and self.params.get("verbose", 1):
+            self.model.print(
+                f"The training state is written before training goes on, not beside it: {too_large}. "
+                "Training pauses while the disk takes each state."
+            )
+        self._said_written_in_loop = True
+        return False
 
     def wait_written(self) -> None:
         """Return once the last state is whole on disk; raise if writing it failed."""
