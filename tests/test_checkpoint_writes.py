@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import pytest
 import torch
@@ -419,6 +420,57 @@ def test_a_model_checkpoint_write_that_fails_fails_fit_and_keeps_the_older_files
     assert len(model.history) == 3
     assert sorted(os.listdir(tmp_path)) == ["e1.pt", "e2.pt"]
     assert torch.load(tmp_path / "e1.pt", weights_only=True).keys() == mlp.state_dict().keys()
+
+
+class BrokenDataAt(kt.Callback):
+    """The user's code failing as epoch ``epoch`` begins (a broken batch, a bug): it never reads the files."""
+
+    reads_ckpt_path = False
+
+    def __init__(self, epoch):
+        self.epoch = epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise RuntimeError(f"the data of epoch {epoch} is broken")
+
+
+def test_a_write_that_fails_while_training_fails_too_leaves_the_training_error_on_top(loaders, mlp, tmp_path):
+    """Epoch 2's file fails on its thread, and epoch 3 fails before the next file would have told of it:
+    the caller gets the training error (the one to fix, and the one an ``except`` of theirs waits for),
+    and is told of the write's too, not the other way round."""
+    os.makedirs(tmp_path / "e2.pt" / "in-the-way")
+    checkpoint = kt.callbacks.ModelCheckpoint(tmp_path / "e{epoch}.pt")
+    model = adam_model(mlp)
+    with warnings.catch_warnings(record=True) as warned:  # where a Python before 3.11 tells of it
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match="the data of epoch 3 is broken") as failed:
+            model.fit(*loaders, epochs=4, patience=None, verbose=0, callbacks=[checkpoint, BrokenDataAt(3)])
+    told = [*getattr(failed.value, "__notes__", []), *(str(w.message) for w in warned)]
+    assert any("on_train_end failed too" in line and "e2.pt" in line for line in told), told
+    # Every callback still ended after the training error (the writer's thread is gone) and two epochs
+    # are in the history.
+    assert len(model.history) == 2
+    assert not [t for t in threading.enumerate() if t.name.startswith("kerastorch-model-checkpoint")]
+
+
+def test_a_write_that_fails_after_training_failed_from_a_callback_keeps_its_error_class(loaders, mlp, tmp_path):
+    """An error a caller catches by its class (here a ValueError of the user's, as Optuna's TrialPruned is)
+    reaches them whatever a file's write did."""
+
+    class Stop(kt.Callback):
+        reads_ckpt_path = False
+
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 2:
+                raise ValueError("prune this trial")
+
+    os.makedirs(tmp_path / "e2.pt" / "in-the-way")
+    model = adam_model(mlp)
+    checkpoint = kt.callbacks.ModelCheckpoint(tmp_path / "e{epoch}.pt")
+    with pytest.raises(ValueError, match="prune this trial"):
+        model.fit(*loaders, epochs=4, patience=None, verbose=0, callbacks=[checkpoint, Stop()])
+    assert len(model.history) == 2
 
 
 def test_a_model_checkpoints_thread_computes_nothing(loaders, tmp_path, monkeypatch):

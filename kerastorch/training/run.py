@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import warnings
 from typing import Any, Iterator, Optional
 
 import pandas as pd
@@ -345,6 +346,7 @@ def train_with_callbacks(
     ended = "failed"  # how fit ended, for on_train_end (params["ended"]): until the loop returns or is interrupted
     # Keras's initial_epoch=n: n epochs are done, the first to train is the (n + 1)-th (1-based, as the history).
     first_epoch = rows[-1]["epoch"] + 1 if rows else settings.initial_epoch + 1
+    stopped_by: Optional[BaseException] = None  # the error that ends the run, if one does
     try:
         if not model.stop_training:  # a resumed run that had already stopped early stays stopped
             fit_loop(
@@ -362,8 +364,8 @@ def train_with_callbacks(
                 preemption=preemption,
             )
         ended = "finished"
-    except Preempted:
-        ended = "preempted"  # the state is written; the caller gets the Preempted
+    except Preempted as preempted:
+        ended, stopped_by = "preempted", preempted  # the state is written; the caller gets the Preempted
         raise
     except KeyboardInterrupt:
         ended = "interrupted"
@@ -372,12 +374,40 @@ def train_with_callbacks(
             f"Interrupted during epoch {rows[-1]['epoch'] + 1 if rows else first_epoch}: returning the history of "
             f"the {len(rows)} finished epoch(s) with {restored}."
         )
+    except BaseException as error:
+        stopped_by = error
+        raise
     finally:
         model.fit_step = None
         model.history = history_frame(rows, ["epoch", *columns] if columns is not None else None)
         callbacks.params["ended"] = ended
-        callbacks.call_every("on_train_end", rows[-1] if rows else {})
+        end_callbacks(callbacks, rows[-1] if rows else {}, stopped_by)
     return model.history
+
+
+def end_callbacks(callbacks: CallbackList, logs: dict, stopped_by: Optional[BaseException]) -> None:
+    """``on_train_end`` on every callback. When an error ends the run, an error of a callback's end (a
+    checkpoint's write that failed on its thread) does not take its place: the caller gets the error
+    that stopped training (the one to fix, and the one an ``except`` of theirs waits for: Optuna's
+    ``TrialPruned``, :class:`~kerastorch.training.preemption.Preempted`), which tells of the other."""
+    try:
+        callbacks.call_every("on_train_end", logs)
+    except Exception as end_error:
+        if stopped_by is None:
+            raise
+        tell_beside(
+            stopped_by,
+            f"While fit was stopping on this error, a callback's on_train_end failed too: "
+            f"{type(end_error).__name__}: {end_error}",
+        )
+
+
+def tell_beside(error: BaseException, message: str) -> None:
+    """``message`` in ``error``'s traceback (a note, Python 3.11 and later), else as a warning."""
+    if hasattr(error, "add_note"):
+        error.add_note(message)
+    else:
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
 
 
 def keeps_training_state(settings: FitSettings) -> bool:
