@@ -4,8 +4,9 @@ environment that started this process (:mod:`~kerastorch.devices.environment`), 
 (this process, k forked workers, or one rank of a job: :mod:`~kerastorch.devices.plan`), the k
 worker processes started from a notebook (:mod:`~kerastorch.devices.launch`), the runtime the loop
 talks to (:mod:`~kerastorch.devices.runtime`), the net placed on it
-(:mod:`~kerastorch.devices.placement`), and a file only the main process has, read there for
-every process (:mod:`~kerastorch.devices.main_process`).
+(:mod:`~kerastorch.devices.placement`), a file only the main process has, read there for
+every process (:mod:`~kerastorch.devices.main_process`), and the CPUs and memory the process's
+cgroups and affinity leave it (:mod:`~kerastorch.devices.cgroups`).
 
 >>> import kerastorch as kt
 >>> kt.devices.parse_devices("0, 2", num_available=4)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import sys
 import warnings
 from typing import Optional
@@ -28,6 +27,7 @@ import torch
 
 from ..settings import DeviceSettings
 from ..strategies import Strategy, resolve, strategy_for_net
+from .cgroups import usable_cpu_count
 from .cuda import cuda_device_count, mps_available, why_no_cuda
 from .environment import ONE_PROCESS, ClusterEnvironment, cluster_environment
 from .words import DevicesArg, count_asked, is_auto, parse_accelerator_word, parse_devices
@@ -149,9 +149,11 @@ def num_devices_available(device_type: str) -> int:
 
 @functools.lru_cache(maxsize=1)
 def cpu_count() -> int:
-    """The machine's cores, read once: ``os.cpu_count`` reads a file each time, which a fit of one
-    batch would pay for a count only ``devices=-1`` and device lists use."""
-    return os.cpu_count() or 1
+    """The cores this process may run on (its affinity and its cgroups' CPU quota: a SLURM job's
+    cores, a container's, :func:`~kerastorch.devices.cgroups.usable_cpu_count`), not the machine's
+    alone: ``devices=-1`` on the CPU starts one process per core. Read once: the files it reads would
+    cost a fit of one batch for a count only ``devices=-1`` and device lists use."""
+    return usable_cpu_count()
 
 
 def choose_devices(devices: DevicesArg, device_type: str, interactive: Optional[bool] = None) -> list[int]:
