@@ -4,6 +4,7 @@ training state, a callback of the user's (which may read them), the end of fit."
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -447,7 +449,7 @@ def test_a_write_that_fails_while_training_fails_too_leaves_the_training_error_o
         with pytest.raises(RuntimeError, match="the data of epoch 3 is broken") as failed:
             model.fit(*loaders, epochs=4, patience=None, verbose=0, callbacks=[checkpoint, BrokenDataAt(3)])
     told = [*getattr(failed.value, "__notes__", []), *(str(w.message) for w in warned)]
-    assert any("on_train_end failed too" in line and "e2.pt" in line for line in told), told
+    assert any(line.startswith("ModelCheckpoint.on_train_end raised too") and "e2.pt" in line for line in told), told
     # Every callback still ended after the training error (the writer's thread is gone) and two epochs
     # are in the history.
     assert len(model.history) == 2
@@ -471,6 +473,60 @@ def test_a_write_that_fails_after_training_failed_from_a_callback_keeps_its_erro
     with pytest.raises(ValueError, match="prune this trial"):
         model.fit(*loaders, epochs=4, patience=None, verbose=0, callbacks=[checkpoint, Stop()])
     assert len(model.history) == 2
+
+
+def test_a_pruned_trial_stays_pruned_when_a_write_failed_too(loaders, mlp, tmp_path):
+    """OptunaPruning raises TrialPruned from its on_train_end, after every other callback's end, one of
+    which raises the failed write's error: the study gets the pruned trial, told of the write."""
+    optuna = pytest.importorskip("optuna", reason="optuna is in the test extra")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    os.makedirs(tmp_path / "e1.pt" / "in-the-way")
+    study = optuna.create_study(pruner=optuna.pruners.ThresholdPruner(upper=0.0))  # any val_loss prunes
+    errors = []
+
+    def objective(trial):
+        model = adam_model(mlp)
+        checkpoint = kt.callbacks.ModelCheckpoint(tmp_path / "e{epoch}.pt")
+        try:
+            model.fit(
+                *loaders, epochs=3, patience=None, verbose=0, callbacks=[checkpoint, kt.callbacks.OptunaPruning(trial)]
+            )
+        except BaseException as error:
+            errors.append(error)
+            raise
+        return 0.0
+
+    study.optimize(objective, n_trials=1)  # a trial that fails otherwise than pruned would raise here
+
+    assert study.trials[0].state == optuna.trial.TrialState.PRUNED
+    assert list(study.trials[0].intermediate_values) == [1]
+    notes = getattr(errors[0], "__notes__", [])
+    assert any(note.startswith("ModelCheckpoint.on_train_end raised too") and "e1.pt" in note for note in notes), notes
+
+
+def test_a_failed_fit_s_error_holds_its_batch_only_as_long_as_the_caller_holds_the_error(loaders, mlp):
+    """The error's traceback holds the loop's frames and their tensors (the batch, the activations): once
+    the caller lets go of the error, they go at once, not at the garbage collector's next pass."""
+    batches = []
+
+    def fail_on_third(module, args):
+        batches.append(weakref.ref(args[0]))
+        if len(batches) == 3:
+            raise RuntimeError("a bad batch")
+
+    mlp.register_forward_pre_hook(fail_on_third)
+    model = adam_model(mlp)
+    gc.collect()
+    gc.disable()  # only reference counts free anything from here on
+    try:
+        try:
+            model.fit(*loaders, epochs=1, verbose=0)
+        except RuntimeError as error:
+            assert "a bad batch" in str(error)
+            assert batches[-1]() is not None  # held by the error's frames while the error is held
+        assert batches[-1]() is None
+    finally:
+        gc.enable()
 
 
 def test_a_model_checkpoints_thread_computes_nothing(loaders, tmp_path, monkeypatch):

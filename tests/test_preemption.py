@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import sys
 import threading
 
 import pandas as pd
@@ -88,6 +89,24 @@ def test_sigterm_mid_epoch_finishes_the_step_writes_the_state_restores_the_best_
     state = load_state_file(training_state_path(ckpt))
     assert (state["epoch"], state["batches"]) == (1, 5)
     assert_same(tiny_run([], ckpt_path=ckpt, resume=True), straight)  # the same command again
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="before Python 3.11 the write's error is a warning")
+def test_a_preempted_run_whose_checkpoint_write_failed_stays_preempted_and_a_notebook_shows_the_write(tmp_path):
+    """No training state is kept, so nothing waits for epoch 1's file before the stop: its failed write
+    comes out as the callbacks end. The caller still gets Preempted (what a requeue script waits for),
+    and the one-line form a notebook shows tells of the write."""
+
+    class SignalNotReading(SignalAt):
+        reads_ckpt_path = False  # so the files are written on their thread while training goes on
+
+    os.makedirs(tmp_path / "e1.pt" / "in-the-way")
+    checkpoint = kt.callbacks.ModelCheckpoint(tmp_path / "e{epoch}.pt")
+    with pytest.raises(kt.Preempted) as stopped:
+        tiny_run([checkpoint, SignalNotReading(2, 4)])
+    shown = stopped.value._render_traceback_()
+    assert shown[0] == f"Preempted: {stopped.value}"
+    assert any(line.startswith("ModelCheckpoint.on_train_end raised too") and "e1.pt" in line for line in shown[1:])
 
 
 def test_the_preempted_net_holds_the_best_weights(tmp_path):

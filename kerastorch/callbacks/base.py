@@ -61,6 +61,10 @@ class Callback:
     params: dict = {}
     order: int = 0
     reads_ckpt_path: bool = True  # see above; heeded for callbacks that run code of the user's
+    # True for a callback whose on_train_end raises on purpose to tell the caller how the run ended (a
+    # pruned trial): when training itself raised nothing, that error is the one fit raises, whatever
+    # other callbacks' ends raised (they are told in its traceback).
+    raises_the_outcome: bool = False
     # True for those of kerastorch's callbacks that call functions given to them (LambdaCallback, the
     # wrapper of a callback written for another library): they run the user's code, as their classes do.
     calls_your_functions: bool = False

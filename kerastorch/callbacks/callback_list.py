@@ -22,6 +22,7 @@ class CallbackList:
             cb.set_params(params)
         implemented = [(cb, hooks_of(cb)) for cb in self.callbacks]
         self._listeners = {hook: [getattr(cb, hook) for cb, hooks in implemented if hook in hooks] for hook in HOOKS}
+        self._owners = {hook: [cb for cb, hooks in implemented if hook in hooks] for hook in HOOKS}
 
     def wants(self, hook: str) -> bool:
         return bool(self._listeners[hook])
@@ -30,19 +31,18 @@ class CallbackList:
         for fn in self._listeners[hook]:
             fn(*args)
 
-    def call_every(self, hook: str, *args: Any) -> None:
-        """Call ``hook`` on every callback even when one raises, then raise the first error: for
-        ``on_train_end``, where each callback puts back what it took (signal handlers, open files,
-        a run's status), whatever another's end went like."""
-        first_error = None
-        for fn in self._listeners[hook]:
+    def call_every(self, hook: str, *args: Any) -> list[tuple[Callback, BaseException]]:
+        """Call ``hook`` on every callback even when one raises, and return each error with the callback
+        that raised it, in order: for ``on_train_end``, where each callback puts back what it took
+        (signal handlers, open files, a run's status), whatever another's end went like. The caller
+        decides which to raise."""
+        raised = []
+        for callback, fn in zip(self._owners[hook], self._listeners[hook]):
             try:
                 fn(*args)
             except BaseException as error:  # Ctrl-C too: the others still put back what they took
-                if first_error is None:
-                    first_error = error
-        if first_error is not None:
-            raise first_error
+                raised.append((callback, error))
+        return raised
 
     def __iter__(self) -> Iterator[Callback]:
         return iter(self.callbacks)

@@ -46,6 +46,7 @@ class OptunaPruning(Callback):
     """
 
     order = ORDER_PRUNING
+    raises_the_outcome = True  # its TrialPruned is what study.optimize waits for, whatever else failed
 
     def __init__(self, trial: Any, monitor: Optional[str] = None):
         self.optuna = import_optuna()

@@ -69,7 +69,7 @@ class Preempted(BaseException):
     """
 
     def _render_traceback_(self) -> list[str]:  # IPython shows this instead of a traceback
-        return [f"{type(self).__name__}: {self}"]
+        return [f"{type(self).__name__}: {self}", *getattr(self, "__notes__", [])]
 
 
 Preempted.__module__ = "kerastorch"  # where it is imported from (and pickled by name, between processes)

@@ -381,25 +381,47 @@ def train_with_callbacks(
         model.fit_step = None
         model.history = history_frame(rows, ["epoch", *columns] if columns is not None else None)
         callbacks.params["ended"] = ended
-        end_callbacks(callbacks, rows[-1] if rows else {}, stopped_by)
+        try:
+            end_callbacks(callbacks, rows[-1] if rows else {}, stopped_by)
+        finally:
+            stopped_by = None  # the error's traceback holds this frame: no cycle keeps the run's tensors alive
     return model.history
 
 
 def end_callbacks(callbacks: CallbackList, logs: dict, stopped_by: Optional[BaseException]) -> None:
-    """``on_train_end`` on every callback. When an error ends the run, an error of a callback's end (a
-    checkpoint's write that failed on its thread) does not take its place: the caller gets the error
-    that stopped training (the one to fix, and the one an ``except`` of theirs waits for: Optuna's
-    ``TrialPruned``, :class:`~kerastorch.training.preemption.Preempted`), which tells of the other."""
+    """``on_train_end`` on every callback, whatever the others' ends raise; then the one error the caller
+    gets, first of: a Ctrl-C (or an exit) during an end; the error that stopped training (the one to
+    fix, and the one an ``except`` around ``fit`` waits for, :class:`~kerastorch.training.preemption.Preempted`
+    too), which the ``finally`` this is called from lets go on; the error a callback raises to tell how
+    the run ended (``raises_the_outcome``: Optuna's ``TrialPruned``); the first end's error. Each other
+    end's error (a checkpoint's write that failed on its thread) is told in its traceback."""
+    raised = callbacks.call_every("on_train_end", logs)
+    ranked = [
+        *(error for _, error in raised if not isinstance(error, Exception)),
+        *([stopped_by] if stopped_by is not None else []),
+        *(error for callback, error in raised if callback.raises_the_outcome),
+        *(error for _, error in raised),
+    ]
+    if not ranked:
+        return
+    chosen = ranked[0]
+    tell_the_others(chosen, raised)
+    if chosen is stopped_by:
+        return
     try:
-        callbacks.call_every("on_train_end", logs)
-    except Exception as end_error:
-        if stopped_by is None:
-            raise
-        tell_beside(
-            stopped_by,
-            f"While fit was stopping on this error, a callback's on_train_end failed too: "
-            f"{type(end_error).__name__}: {end_error}",
-        )
+        raise chosen
+    finally:
+        del ranked, raised, chosen, stopped_by  # the raised error's traceback holds this frame: no cycle
+
+
+def tell_the_others(chosen: BaseException, raised: list) -> None:
+    """Each end's error but ``chosen``, told in ``chosen``'s traceback with the callback that raised it."""
+    for callback, error in raised:
+        if error is not chosen:
+            tell_beside(
+                chosen,
+                f"{type(callback).__name__}.on_train_end raised too, as fit ended: {type(error).__name__}: {error}",
+            )
 
 
 def tell_beside(error: BaseException, message: str) -> None:
