@@ -15,7 +15,7 @@ import torch
 
 import kerastorch as kt
 from kerastorch.devices.cuda import _probe_in_child_process, cuda_visible_devices, visible_device_entries
-from kerastorch.devices.plan import choose_devices, parse_accelerator
+from kerastorch.devices.plan import choose_devices, cpu_count, parse_accelerator
 from kerastorch.devices.runtime import reset_accelerate_state
 from kerastorch.devices.words import parse_devices
 
@@ -120,7 +120,7 @@ def test_numpy_integers_are_indices():
 def test_cpu_devices_are_processes():
     assert choose_devices("auto", "cpu") == [0]  # Lightning: one process on the CPU
     assert choose_devices(3, "cpu") == [0, 1, 2]  # more processes than cores runs (slowly)
-    assert choose_devices(-1, "cpu") == list(range(os.cpu_count()))
+    assert choose_devices(-1, "cpu") == list(range(cpu_count()))  # the CPUs this process may use
     with pytest.raises(ValueError, match="CPU process"):
         choose_devices([0, 0], "cpu")
 
