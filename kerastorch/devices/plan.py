@@ -161,9 +161,9 @@ def choose_devices(devices: DevicesArg, device_type: str, interactive: Optional[
 
     On the CPU and on MPS, ``"auto"`` is one device (as in Lightning). A CPU "device" is
     one process, so a count larger than the number of cores is allowed (it runs, slowly);
-    ``-1`` on the CPU is one process per CPU this process may use (:func:`cpu_count`). CUDA indices are relative to
-    ``CUDA_VISIBLE_DEVICES``; :func:`~kerastorch.devices.cuda.cuda_visible_devices` turns
-    them into the value a child process needs to see exactly these devices.
+    ``-1`` on the CPU is one process per CPU this process may use (:func:`cpu_count`). CUDA
+    indices are relative to ``CUDA_VISIBLE_DEVICES``; :func:`~kerastorch.devices.cuda.cuda_visible_devices`
+    turns them into the value a child process needs to see exactly these devices.
     """
     if interactive is None:
         interactive = is_interactive()
