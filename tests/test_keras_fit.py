@@ -161,6 +161,13 @@ def test_validation_data_with_sample_weights_is_read_as_keras_x_y_sample_weight(
     # evaluate takes the same weights by keyword, and the same tuple
     assert model.evaluate(X[50:], y[50:], sample_weight=w, verbose=0)["val_loss"] == pytest.approx(weighted, rel=1e-5)
     assert model.evaluate((X[50:], y[50:], w), verbose=0)["val_loss"] == pytest.approx(weighted, rel=1e-5)
+    # Keras's (x, y, None), as code that weights only sometimes writes it: no weights
+    unweighted = float(per_sample.mean())
+    none = model.fit(X[:50], y[:50], validation_data=(X[50:], y[50:], None), batch_size=8, epochs=1, verbose=0)
+    assert none["val_loss"].iloc[0] == pytest.approx(unweighted, rel=1e-5)
+    assert model.evaluate((X[50:], y[50:], None), verbose=0)["val_loss"] == pytest.approx(unweighted, rel=1e-5)
+    trained = model.fit((X[50:], y[50:], None), batch_size=30, epochs=1, verbose=0)
+    assert trained["train_loss"].iloc[0] == pytest.approx(unweighted, rel=1e-5)
 
 
 def test_a_tuple_data_set_takes_grouped_inputs_and_refuses_labels_in_the_weights_place():

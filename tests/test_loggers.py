@@ -67,6 +67,18 @@ def test_csv_append_continues_a_file_and_refuses_other_columns(tmp_path):
     assert path.read_text() == content
 
 
+def test_csv_append_with_initial_epoch_keeps_the_earlier_runs_rows(tmp_path):
+    # Keras's habit: go on from a finished run with initial_epoch. Its rows are history, not a kill's leftovers.
+    path = tmp_path / "history.csv"
+    train, val = loaders()
+    model = make_model()
+    first = model.fit(train, val, epochs=3, callbacks=[CSVLogger(path, append=True)], verbose=0)
+    second = model.fit(train, val, initial_epoch=2, epochs=5, callbacks=[CSVLogger(path, append=True)], verbose=0)
+    written = pd.read_csv(path)
+    assert written["epoch"].tolist() == [1, 2, 3, 3, 4, 5]
+    pd.testing.assert_frame_equal(written, pd.concat([first, second], ignore_index=True), check_exact=False, rtol=1e-12)
+
+
 def test_csv_logger_leaves_no_file_when_training_never_starts(tmp_path):
     path = tmp_path / "history.csv"
     train, val = loaders()

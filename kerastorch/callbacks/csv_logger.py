@@ -16,7 +16,9 @@ class CSVLogger(Callback):
 
     Each row is flushed when its epoch ends, so the file can be read (``pd.read_csv``,
     another notebook, ``tail -f``) while training runs. ``append=True`` adds to an
-    existing file, for a resumed run; its header must match this run's columns. The
+    existing file (a run that goes on with ``initial_epoch``, or a resumed one); its header must match this
+    run's columns. A run resumed from a training state (``resume=True``, ``BackupAndRestore``) first
+    drops the rows a kill left past its saved epoch, so that each epoch is in the file once. The
     file is opened when the first epoch ends, and only the main process writes.
 
     Example::
@@ -55,7 +57,7 @@ class CSVLogger(Callback):
         if not self.model.is_main_process:
             return
         if self._writer is None:
-            if self.append and epoch > 1:  # a resumed run: rows of this epoch on (written before a kill) go
+            if self.append and self.params.get("resumed"):  # rows of this epoch on, written before a kill, go
                 self._drop_rows_from(epoch)
             names = self.params.get("metrics")  # every column, also those an epoch may lack (not validated)
             self._open(["epoch", *names] if names else list(logs))

@@ -27,12 +27,14 @@ def is_array(obj: Any) -> bool:
 
 
 def is_array_group(obj: Any) -> bool:
-    """A whole data set or several inputs in memory: ``(X, y)``, ``(X, y, w)``, ``((X1, X2), y)``,
-    ``[X1, X2]`` or a dict of arrays. Only the first item of a tuple or list may itself be a group
-    (the inputs of a net with several: Keras's ``((X1, X2), y)``)."""
+    """A whole data set or several inputs in memory: ``(X, y)``, ``(X, y, w)`` (``w`` may be None, as in
+    Keras), ``((X1, X2), y)``, ``[X1, X2]`` or a dict of arrays. Only the first item of a tuple or list
+    may itself be a group (the inputs of a net with several: Keras's ``((X1, X2), y)``)."""
     if isinstance(obj, (tuple, list)) and not isinstance(obj, (WeightedSample, Inputs)):
         if not obj:
             return False
+        if len(obj) == 3 and obj[2] is None:  # Keras's (x, y, None): no sample weights
+            obj = obj[:2]
         first_is_inputs = is_array(obj[0]) if len(obj) == 1 else is_array(obj[0]) or is_flat_group(obj[0])
         return first_is_inputs and all(is_array(o) for o in obj[1:])
     return is_flat_group(obj)

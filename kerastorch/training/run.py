@@ -336,6 +336,8 @@ def train_with_callbacks(
     model.fit_step = steps  # what model.backward / model.optimizer_step use inside train_step
     callbacks.call("on_train_begin", {})
     rows.extend(resumed_history(callbacks))
+    # Whether this run goes on from a saved training state (a CSVLogger then drops the rows a kill left past it).
+    callbacks.params["resumed"] = any(state.resumed_epoch is not None for state in training_states_in(callbacks))
     steps.epochs_done = len(rows)  # a timm scheduler counts the updates of the epochs already done
     if len(rows) > settings.epochs:  # the saved run went further than asked: show the epochs asked for
         model.print(
