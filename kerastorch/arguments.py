@@ -121,7 +121,7 @@ def fit_arguments(
     check_initial_epoch(initial_epoch, epochs, resume)
     check_weighted_metrics(weighted_metrics, model.metrics_dict)
     has_val = data.val is not None or bool(validation_split)
-    check_validation_freq(validation_freq, epochs, has_val)
+    check_validation_freq(validation_freq, epochs, has_val, initial_epoch)
     for name, value in (("validation_steps", validation_steps), ("validation_batch_size", validation_batch_size)):
         if value is not None and not has_val:
             raise ValueError(
@@ -579,14 +579,16 @@ def check_resume(resume: Any, ckpt_path: Any) -> None:
         )
 
 
-def check_validation_freq(validation_freq: int, epochs: int, has_val: bool) -> None:
-    """Validation data that no epoch would validate: no val_loss, no best weights, no ckpt_path file."""
-    if has_val and 0 < epochs < validation_freq:
+def check_validation_freq(validation_freq: int, epochs: int, has_val: bool, initial_epoch: int = 0) -> None:
+    """Validation data that no epoch would validate: no val_loss, no best weights, no ckpt_path file.
+    The run trains epochs ``initial_epoch + 1`` to ``epochs``; validation follows epochs n, 2n, ..."""
+    if has_val and epochs > initial_epoch and epochs // validation_freq == initial_epoch // validation_freq:
+        trained = f"epochs={epochs}" if not initial_epoch else f"epochs {initial_epoch + 1} to {epochs}"
         raise ValueError(
-            f"validation_freq={validation_freq} with epochs={epochs}: no epoch is validated (validation runs "
+            f"validation_freq={validation_freq} with {trained}: no epoch is validated (validation runs "
             f"after epochs {validation_freq}, {2 * validation_freq}, ...), so the run would have no val_loss, no "
-            "best weights and nothing to write to ckpt_path. Pass validation_freq <= epochs (validation_freq=1 "
-            "validates every epoch), or more epochs."
+            "best weights and nothing to write to ckpt_path. Pass a validation_freq that divides one of the "
+            "epochs trained (validation_freq=1 validates every epoch), or more epochs."
         )
 
 

@@ -181,6 +181,16 @@ class ModelCheckpoint(MonitorCallback):
                 f"ModelCheckpoint filepath {self.filepath!r} names {', '.join(map(repr, unknown))}, {why} or any of: "
                 f"{', '.join(known)}."
             )
+        every = self.params.get("validation_freq") or 1
+        unvalidated = [f for f in self.fields if f.startswith("val_")]
+        writes_unvalidated = not (self.save_best_only and self.monitor.startswith("val_"))
+        if unvalidated and not by_batch and writes_unvalidated and self.every_n_epochs % every:
+            raise ValueError(
+                f"ModelCheckpoint filepath {self.filepath!r} names {', '.join(map(repr, unvalidated))}, which only the "
+                f"validated epochs log (validation_freq={every}: epochs {every}, {2 * every}, ...), and it writes "
+                f"{'every epoch' if self.every_n_epochs == 1 else f'every {self.every_n_epochs} epochs'}. Pass "
+                f"every_n_epochs={every}, or save_best_only=True with a val_ monitor, or drop the val_ fields."
+            )
         if "batch" in self.fields and not by_batch:
             raise ValueError(
                 f"ModelCheckpoint filepath {self.filepath!r} names {{batch}}, which exists only when writing "
