@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import warnings
 from typing import Any, Optional, Sequence, Union
 
 import torch
@@ -29,7 +30,7 @@ import torch
 from .callbacks.base import Callback
 from .callbacks.monitor import auto_mode, check_mode
 from .callbacks.training_state import training_state_path
-from .checks.values import check_flag, check_whole_number
+from .checks.values import check_flag, check_real_number, check_whole_number
 from .compat.arguments import verbose_from_quiet
 from .compat.callbacks import as_callback
 from .compat.runners import program_runners
@@ -401,6 +402,7 @@ def monitor_arguments(
     if patience is not None and patience != AUTO:
         check_whole_number("patience", patience, minimum=0, hint=" (or patience=None to never stop early)")
     check_mode(mode)
+    check_real_number("min_delta", min_delta)
     check_flag("restore_best_weights", restore_best_weights, error=TypeError)
     if ckpt_path is not None:
         check_writable(ckpt_path)
@@ -426,8 +428,11 @@ def monitor_arguments(
     if program_runners(model) is None and getattr(model, "uses_default_train_step", True):
         check_monitor(monitor, metric_names, has_val)
     mode_was_auto = mode == "auto"
+    metrics = {**model.metrics_dict, **(weighted_metrics or {})}
     if mode_was_auto:
-        mode = auto_mode(monitor, {**model.metrics_dict, **(weighted_metrics or {})})
+        mode = auto_mode(monitor, metrics)
+    else:
+        check_mode_against_metric(monitor, mode, metrics)
     return MonitorSettings(
         monitor,
         mode,
@@ -439,6 +444,23 @@ def monitor_arguments(
         restore_best_weights,
         monitor_was_auto,
     )
+
+
+def check_mode_against_metric(monitor: str, mode: str, metrics: dict) -> None:
+    """Warn when ``mode`` contradicts the monitored metric's own ``higher_is_better`` (torchmetrics): the
+    best weights would be the worst epoch's. Keras accepts any mode, so this is a warning, not a refusal."""
+    bare = monitor.split("_", 1)[1] if monitor.startswith(("train_", "val_")) else monitor
+    metric = metrics.get(bare)
+    higher = getattr(metric, "higher_is_better", None)
+    if isinstance(higher, bool) and mode != ("max" if higher else "min"):
+        warnings.warn(
+            f"mode={mode!r} for {monitor}, but its metric {type(metric).__name__} says higher_is_better={higher}: "
+            f"the best weights would be those of the {'lowest' if mode == 'min' else 'highest'} {monitor}, and "
+            f"early stopping would wait for it to {'fall' if mode == 'min' else 'rise'}. Pass "
+            f"mode={'max' if higher else 'min'!r}, or mode='auto', which follows the metric.",
+            UserWarning,
+            stacklevel=5,  # the caller of KerasModel.fit
+        )
 
 
 def step_arguments(

@@ -7,6 +7,7 @@ that the net's weights are exactly as before and that the optimizer never steppe
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 import torch
@@ -213,6 +214,12 @@ CASES = [
         id="negative clip value",
     ),
     pytest.param(
+        fit_with(val_data=loader(), min_delta=float("nan")),
+        ValueError,
+        r"min_delta=nan is not a number, and every comparison with it is False",
+        id="min_delta NaN",
+    ),
+    pytest.param(
         fit_with(verbose=5),
         ValueError,
         r"verbose=5; use 0 \(silent\), 1 \(progress bars\) or 2",
@@ -263,3 +270,23 @@ def test_a_bad_metric_is_refused_when_the_model_is_built(metrics_dict, message):
     net = nn.Linear(4, 3)
     with pytest.raises(TypeError, match=message):
         kt.KerasModel(net, nn.CrossEntropyLoss(), metrics_dict, torch.optim.SGD(net.parameters(), lr=0.1))
+
+
+def test_a_mode_against_the_metrics_own_direction_is_warned_of():
+    torchmetrics = pytest.importorskip("torchmetrics")
+    torch.manual_seed(0)
+    net = nn.Linear(4, 3)
+    accuracy_metric = torchmetrics.Accuracy(task="multiclass", num_classes=3)
+    model = kt.KerasModel(
+        net, nn.CrossEntropyLoss(), {"acc": accuracy_metric}, torch.optim.SGD(net.parameters(), lr=0.5)
+    )
+    with pytest.warns(
+        UserWarning,
+        match=r"mode='min' for val_acc, but its metric MulticlassAccuracy says higher_is_better=True.*mode='max'",
+    ):
+        history = model.fit(loader(), loader(), epochs=3, monitor="val_acc", mode="min", patience=None, verbose=0)
+    assert len(history) == 3  # a warning: Keras takes any mode
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the metric's own direction, or auto, says nothing
+        model.fit(loader(), loader(), epochs=1, monitor="val_acc", mode="max", verbose=0)
+        model.fit(loader(), loader(), epochs=1, monitor="val_acc", verbose=0)

@@ -296,7 +296,9 @@ def test_model_checkpoint_bad_template_fails_before_training(tmp_path):
     # Written only at validated epochs, the same names are fine.
     every_second = ModelCheckpoint(tmp_path / "e{epoch}-{val_loss:.2f}.safetensors", every_n_epochs=2)
     history = model.fit(train, val, epochs=4, verbose=0, validation_freq=2, callbacks=[every_second])
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"e{e}-{history['val_loss'][e - 1]:.2f}.safetensors" for e in (2, 4)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"e{e}-{history['val_loss'][e - 1]:.2f}.safetensors" for e in (2, 4)
+    ]
     best = ModelCheckpoint(tmp_path / "best-{val_loss:.2f}.safetensors", save_best_only=True)
     model.fit(train, val, epochs=4, verbose=0, validation_freq=2, callbacks=[best])
     assert len(list(tmp_path.glob("best-*.safetensors"))) in (1, 2)  # epoch 2's, and epoch 4's if better

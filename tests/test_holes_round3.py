@@ -404,7 +404,9 @@ def test_validation_freq_larger_than_epochs_is_refused_at_the_door():
     with pytest.raises(ValueError, match=r"validation_freq=4 with epochs 5 to 7.*no epoch is validated"):
         model.fit(*loaders(), initial_epoch=4, epochs=7, validation_freq=4, verbose=0)
     assert all(torch.equal(a, b) for a, b in zip(before, model.net.parameters()))
-    assert model.fit(*loaders(), initial_epoch=4, epochs=8, validation_freq=4, verbose=0)["val_loss"].notna().tolist() == [
+    assert model.fit(*loaders(), initial_epoch=4, epochs=8, validation_freq=4, verbose=0)[
+        "val_loss"
+    ].notna().tolist() == [
         False,
         False,
         False,

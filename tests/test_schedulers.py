@@ -311,6 +311,27 @@ def test_reduce_lr_on_plateau_follows_the_monitored_value():
     assert seen[1:] == list(history["val_acc"])  # seen[0]: fit's trial call before training, undone
 
 
+def test_reduce_lr_on_plateau_whose_mode_disagrees_with_fits_is_refused():
+    # torch's default mode="min" fed val_acc would cut the rate each time the accuracy improves.
+    train, val = classification_loaders()
+    net = make_net()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.3)
+    before = [p.clone() for p in net.parameters()]
+    model = kt.KerasModel(
+        net,
+        nn.CrossEntropyLoss(),
+        {"acc": lambda p, y: (p.argmax(1) == y).float().mean()},
+        optimizer=optimizer,
+        lr_scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0, factor=0.5),
+    )
+    with pytest.raises(ValueError, match=r"ReduceLROnPlateau\(mode='min'\) gets val_acc.*better higher.*mode='max'"):
+        model.fit(train, val, epochs=2, monitor="val_acc", verbose=0)
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+    assert optimizer.param_groups[0]["lr"] == 0.3
+    # The same scheduler on the loss, which is better lower, trains.
+    assert len(model.fit(train, val, epochs=2, monitor="val_loss", verbose=0)) == 2
+
+
 def test_reduce_lr_on_plateau_per_step_is_refused_with_advice():
     train, val = classification_loaders()
     net = make_net()

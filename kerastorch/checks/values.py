@@ -7,6 +7,7 @@ each raising an error that says what was wrong and what to pass.
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
 
@@ -22,6 +23,10 @@ def check_real_number(name: str, value: Any, hint: str = "") -> float:
     """``value`` as a float when it is a real number (not a bool); else a TypeError saying so."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}={value!r} must be a number{hint}.")
+    if math.isnan(value):  # every comparison with NaN is False: a min_delta of NaN lets no epoch improve
+        raise ValueError(
+            f"{name}=nan is not a number, and every comparison with it is False: pass a real number{hint}."
+        )
     return float(value)
 
 

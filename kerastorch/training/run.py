@@ -57,7 +57,7 @@ from .parts import ModelParts
 from .position import RunPosition
 from .preemption import Preempted, Preemption, preemption_for, signals_passed_to_workers
 from .protocols import Epochs, TrainableModel
-from .schedulers import try_scheduler
+from .schedulers import check_plateau_mode, try_scheduler
 from .step import FitStep, run_once
 
 
@@ -81,6 +81,7 @@ def fit(model: TrainableModel, data: FitData, settings: FitSettings, lr_schedule
     )
     check_model_for_fit(model, train_data, settings, sample_weight=data.sample_weight)
     if program_runners(model) is None:  # a program's runner calls its scheduler itself
+        check_plateau_mode(model.lr_scheduler, settings.monitoring.monitor, settings.monitoring.mode)
         try_scheduler(model, settings.step.scheduler_interval, settings.monitoring.monitor)
     if settings.doctor:
         check_before_fit(model, train_data, val_data)

@@ -69,6 +69,22 @@ def describe_calls(scheduler: Any, interval: str, monitor: Optional[str]) -> str
     return f"scheduler.step() after {when} (lr_scheduler_interval={interval!r})"
 
 
+def check_plateau_mode(scheduler: Any, monitor: Optional[str], mode: Optional[str]) -> None:
+    """torch's ``ReduceLROnPlateau`` gets fit's monitored value: its own ``mode`` must agree with fit's on
+    which way that value improves, or the rate drops each time the value gets better (``mode="min"``,
+    torch's default, fed an accuracy)."""
+    if not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) or monitor is None or mode is None:
+        return
+    if scheduler.mode != mode:
+        better = "higher" if mode == "max" else "lower"
+        raise ValueError(
+            f"lr_scheduler=ReduceLROnPlateau(mode={scheduler.mode!r}) gets {monitor} after every epoch, which is better "
+            f"{better} (fit's mode={mode!r}): it would cut the learning rate each time {monitor} improves. Build it "
+            f"with ReduceLROnPlateau(optimizer, mode={mode!r}, ...), or monitor a value that is better "
+            f"{'lower' if mode == 'max' else 'higher'}."
+        )
+
+
 def try_scheduler(model: Any, interval: str, monitor: Optional[str]) -> None:
     """Make fit's scheduler calls once, then put the scheduler and the learning rates back: a scheduler
     that does not take them fails now, saying what kerastorch calls and how to adapt, not after an epoch.
@@ -114,4 +130,4 @@ def how_to_adapt(interval: str) -> str:
     )
 
 
-__all__ = ["after_epoch", "after_update", "describe_calls", "is_timm_style", "try_scheduler"]
+__all__ = ["after_epoch", "after_update", "check_plateau_mode", "describe_calls", "is_timm_style", "try_scheduler"]
