@@ -194,6 +194,9 @@ def test_nan_in_the_first_epoch_restores_the_weights_from_before_training(capsys
     assert "The best finite weights are restored" not in out
     assert "No epoch had a finite loss, so the weights from before training are restored" in out
     assert unchanged(model, before)
+    silent = make_model(loss_fn=NaNFromStart())  # verbose=0 prints nothing, this line neither
+    silent.fit(DataLoader(TensorDataset(x, y), batch_size=16), epochs=3, verbose=0)
+    assert capsys.readouterr().out == ""
 
 
 class CtrlCAtBatch(kt.Callback):

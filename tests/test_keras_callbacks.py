@@ -223,8 +223,20 @@ def test_fits_own_early_stopping_says_that_it_stopped_and_how_to_turn_it_off(ver
     if verbose:
         assert line in said
         assert said.index(line) > said.index("Epoch 3/10")  # said after the last epoch's line
+        # and the last line names the weights the net ends with
+        assert said.strip().splitlines()[-1] == "Restored the weights of epoch 1 (val_score 0.7500, the best)."
     else:
         assert said == ""
+
+
+def test_a_monitored_value_never_finite_says_the_net_keeps_the_last_weights(capsys):
+    nan = float("nan")
+    model, history, recorder = run(Scripted({"score": [nan] * 6}), epochs=6, monitor="val_score", patience=2, verbose=2)
+    assert len(history) == 2
+    said = capsys.readouterr().out.strip().splitlines()
+    assert said[-2].startswith("Stopped early at epoch 2: val_score has had no finite value for 2 epoch(s)")
+    assert said[-1] == "No epoch had a finite val_score: the net keeps the last epoch's weights."
+    assert same_weights(weights_of(model), recorder.by_epoch[2])
 
 
 def test_mode_auto_keeps_the_best_accuracy_not_the_worst(tmp_path):

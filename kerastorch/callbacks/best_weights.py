@@ -51,6 +51,8 @@ class RestoreBestWeights(MonitorCallback):
         self.kept = KeptWeights(ckpt_path, stale_state, write_while_training)
         self.verbose = verbose
         self.broke = False  # a NaN or infinite loss was seen
+        # The run's early stoppings: why the run stopped is said before which weights the net ends with.
+        self.stoppers: list = []
 
     @property
     def ckpt_path(self) -> Optional[Union[str, os.PathLike]]:
@@ -80,13 +82,18 @@ class RestoreBestWeights(MonitorCallback):
         # The last row's loss too: a callback that raised on it (TerminateOnNaN(raise_error=True)) kept
         # this callback from seeing that epoch.
         broke = self.broke or not losses_are_finite(logs or {})
+        says = bool((self.params or {}).get("verbose"))
+        for stopper in self.stoppers:
+            stopper.say_stopped()
         if self.best_weights is not None and (self.restore or broke):
             self.kept.put_back(self.model, self.best_weights)
             # Said once, so a reader knows which weights the net holds now (not the last epoch's).
-            if (self.params or {}).get("verbose"):
+            if says:
                 self.model.print(
                     f"Restored the weights of epoch {self.best_epoch} ({self.monitor} {self.best:.4f}, the best)."
                 )
+        elif says and self.restore and not broke and self.best_epoch is None and self.monitor in (logs or {}):
+            self.model.print(f"No epoch had a finite {self.monitor}: the net keeps the last epoch's weights.")
         self.kept.end(self.model, logs, self.params, broke)
 
     def state_dict(self):

@@ -106,6 +106,7 @@ class EarlyStopping(MonitorCallback):
         self.best, self.best_epoch, self.best_weights = None, None, None
         self.wait = 0
         self.stopped_epoch = None
+        self._said_stop = False
 
     def on_epoch_end(self, epoch, logs=None):
         # Not validated this epoch, still warming up, or a NaN loss (TerminateOnNaN stops the run): not watched.
@@ -146,10 +147,16 @@ class EarlyStopping(MonitorCallback):
             )
         return message
 
-    def on_train_end(self, logs=None):
-        # Said once the run has ended, so that the line comes after the last epoch's line.
-        if self.stopped_epoch is not None and self.says:
+    def say_stopped(self) -> None:
+        """Print why the run stopped, once. Said once the run has ended, so that the line comes after the
+        last epoch's line; fit's best weights call it before saying which weights they put back, so that
+        the last line names the weights the net ends with."""
+        if self.stopped_epoch is not None and self.says and not self._said_stop:
+            self._said_stop = True
             self.model.print(self.stop_message(self.stopped_epoch))
+
+    def on_train_end(self, logs=None):
+        self.say_stopped()
         if self.restore_best_weights and self.best_weights is not None:
             strategy_of(self.model).load_whole_weights(self.model.net, self.best_weights)
             if self.says:

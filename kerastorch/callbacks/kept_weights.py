@@ -84,7 +84,7 @@ class KeptWeights:
         no_epoch_ended = not logs and bool(params.get("epochs"))
         if self.weights is None and initial is not None and (broke or no_epoch_ended):
             self.put_back(model, initial)
-            if broke:
+            if broke and params.get("verbose"):
                 model.print("No epoch had a finite loss, so the weights from before training are restored.")
         self._writer.close()  # fit returns with the file whole
 

@@ -484,6 +484,8 @@ def callbacks_for_fit(
         chosen = [TerminateOnNaN(verbose=says), best_weights]
     if watch.monitor is not None and watch.patience is not None and not users_stoppers:
         chosen.append(EarlyStopping.for_fit(watch.monitor, watch.mode, watch.patience, watch.min_delta, says))
+    if best_weights is not None:
+        best_weights.stoppers = early_stoppings_in([*chosen, *settings.callbacks])
     if output.plot:
         chosen.append(LivePlot(monitor=watch.monitor, mode=watch.mode))
     if output.wandb:
