@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 
-from .callbacks.base import Callback
+from .callbacks.base import Callback, logs_added_by
 from .callbacks.monitor import auto_mode, check_mode
 from .callbacks.training_state import training_state_path
 from .checks.values import check_flag, check_real_number, check_whole_number
@@ -130,6 +130,7 @@ def fit_arguments(
                 f"or validation_split=0.2, or drop {name}."
             )
     metric_names = [*model.metrics_dict, *(weighted_metrics or {})]
+    users_callbacks = callback_arguments(callbacks)
     monitoring = monitor_arguments(
         model,
         monitor,
@@ -142,6 +143,7 @@ def fit_arguments(
         metric_names,
         weighted_metrics,
         restore_best_weights,
+        added_logs=logs_added_by(users_callbacks),
     )
     step = step_arguments(
         gradient_accumulation_steps,
@@ -153,7 +155,7 @@ def fit_arguments(
     )
     settings = FitSettings(
         epochs=epochs,
-        callbacks=callback_arguments(callbacks),
+        callbacks=users_callbacks,
         monitoring=monitoring,
         output=output_arguments(verbose, quiet, plot, wandb),
         devices=device_arguments(accelerator, devices, precision, mixed_precision, cpu, strategy, compile, fsdp_wrap),
@@ -388,6 +390,7 @@ def monitor_arguments(
     metric_names: list[str],
     weighted_metrics: Optional[dict],
     restore_best_weights: Any = True,
+    added_logs: Sequence[str] = (),
 ) -> MonitorSettings:
     """Which value picks the best epoch (``"auto"``: ``val_loss``, or ``train_loss`` without validation
     data; None: nothing, the last epoch's weights stay), in which direction (``"auto"``: from the metric
@@ -426,7 +429,7 @@ def monitor_arguments(
     # A program's own step (its StepRunner class, or an overridden train_step) names its values on
     # its first batch: the monitored name is checked then.
     if program_runners(model) is None and getattr(model, "uses_default_train_step", True):
-        check_monitor(monitor, metric_names, has_val)
+        check_monitor(monitor, metric_names, has_val, added_logs)
     mode_was_auto = mode == "auto"
     metrics = {**model.metrics_dict, **(weighted_metrics or {})}
     if mode_was_auto:
@@ -614,9 +617,10 @@ def check_validation_freq(validation_freq: int, epochs: int, has_val: bool, init
         )
 
 
-def check_monitor(monitor: str, metric_names: list[str], has_val: bool) -> None:
-    """``monitor`` names a value the run will produce, known before the first batch."""
-    names = history_columns(metric_names, has_val)
+def check_monitor(monitor: str, metric_names: list[str], has_val: bool, added_logs: Sequence[str] = ()) -> None:
+    """``monitor`` names a value the run will produce, known before the first batch: a column of the
+    history, or a value a callback says it adds to the logs (``adds_logs``)."""
+    names = [*history_columns(metric_names, has_val), *added_logs]
     if monitor in names:
         return
     if monitor.startswith("val_") and not has_val and monitor in history_columns(metric_names, True):
@@ -626,7 +630,14 @@ def check_monitor(monitor: str, metric_names: list[str], has_val: bool) -> None:
         )
     close = difflib.get_close_matches(str(monitor), names, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"monitor={monitor!r} is not a value this run produces; available: {', '.join(names)}.{hint}")
+    raise ValueError(
+        f"monitor={monitor!r} is not a value this run produces; available: {', '.join(names)}.{hint}"
+        f"{WRITTEN_BY_A_CALLBACK}"
+    )
+
+
+# The way out when the value is one a callback of the user's writes into the logs (Keras's pattern).
+WRITTEN_BY_A_CALLBACK = " If a callback of yours writes it into the logs, say so on its class: adds_logs = ('name',)."
 
 
 def check_weighted_metrics(weighted_metrics: Optional[dict], metrics_dict: dict) -> None:

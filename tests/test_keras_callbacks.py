@@ -229,6 +229,47 @@ def test_fits_own_early_stopping_says_that_it_stopped_and_how_to_turn_it_off(ver
         assert said == ""
 
 
+class ScoreInLogs(kt.Callback):
+    """Keras's pattern: a callback computes a score of its own and writes it into the epoch's logs."""
+
+    adds_logs = ("val_score",)
+
+    def __init__(self, scores):
+        self.scores = scores
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs["val_score"] = self.scores[epoch - 1]
+
+
+def test_a_value_a_callback_adds_to_the_logs_can_be_monitored(tmp_path):
+    scores = [0.5, 0.75, 0.25, 0.5, 0.25, 0.5]
+    # fit's own monitor: the best weights are epoch 2's, and early stopping counts from there
+    train, val = loaders()
+    model = make_model({})
+    recorder = RecordWeights()
+    history = model.fit(
+        train, val, epochs=6, monitor="val_score", patience=2, callbacks=[recorder, ScoreInLogs(scores)], verbose=0
+    )
+    assert history["val_score"].tolist() == scores[:4]  # stopped at epoch 4: no better score for 2 epochs
+    assert same_weights(weights_of(model), recorder.by_epoch[2])
+    # Keras's callbacks that watch it, given after it as in Keras (and before it: it runs first either way)
+    stopper = EarlyStopping("val_score", patience=1)
+    checkpoint = ModelCheckpoint(tmp_path / "best-{epoch}.safetensors", monitor="val_score", save_best_only=True)
+    history = make_model({}).fit(train, val, epochs=6, callbacks=[stopper, checkpoint, ScoreInLogs(scores)], verbose=0)
+    assert stopper.stopped_epoch == 3 and stopper.mode == "max"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best-1.safetensors", "best-2.safetensors"]
+
+    class Unsaid(ScoreInLogs):
+        adds_logs = ()
+
+    before = weights_of(model)
+    with pytest.raises(ValueError, match=r"monitors 'val_score', which this run does not log.*adds_logs = \('name',\)"):
+        model.fit(train, val, epochs=2, callbacks=[Unsaid(scores), EarlyStopping("val_score")], verbose=0)
+    with pytest.raises(ValueError, match=r"monitor='val_score' is not a value this run produces.*adds_logs"):
+        model.fit(train, val, epochs=2, monitor="val_score", callbacks=[Unsaid(scores)], verbose=0)
+    assert same_weights(weights_of(model), before)
+
+
 def test_a_monitored_value_never_finite_says_the_net_keeps_the_last_weights(capsys):
     nan = float("nan")
     model, history, recorder = run(Scripted({"score": [nan] * 6}), epochs=6, monitor="val_score", patience=2, verbose=2)

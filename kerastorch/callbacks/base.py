@@ -47,6 +47,11 @@ class Callback:
     ``reads_ckpt_path = False``: with only such callbacks of yours, the files are written on a
     thread of their own while the next epoch trains, as in a run with none.
 
+    A callback that writes a value of its own into the epoch's ``logs`` (a score it computes,
+    Keras's way) names it in ``adds_logs``: the value is then a column of the run, which ``fit``'s
+    ``monitor``, ``EarlyStopping``, ``ModelCheckpoint`` and ``ReduceLROnPlateau`` may watch, and the
+    callback runs before them (at ``order`` -22 at the latest), so they see it at the same epoch.
+
     Example::
 
         class StopAtEpoch(kt.Callback):
@@ -60,6 +65,8 @@ class Callback:
     model: Any = None
     params: dict = {}
     order: int = 0
+    # Names this callback writes into each epoch's logs in on_epoch_end (see above).
+    adds_logs: tuple[str, ...] = ()
     reads_ckpt_path: bool = True  # see above; heeded for callbacks that run code of the user's
     # True for a callback whose on_train_end raises on purpose to tell the caller how the run ended (a
     # pruned trial): when training itself raised nothing, that error is the one fit raises, whatever
@@ -131,6 +138,7 @@ PER_STEP_HOOKS = (
 # Where fit's own callbacks stand among the user's (order 0).
 ORDER_WATCH_NAN = -30
 ORDER_AVERAGED_WEIGHTS = -25  # EMA / SWA swap their weights in before the best weights are taken
+ORDER_ADDS_LOGS = -22  # a callback that adds values to the logs, at the latest: the watchers below see them
 ORDER_BEST_WEIGHTS = -20
 ORDER_EARLY_STOPPING = -10
 ORDER_DISPLAY = -5  # the live plot and experiment loggers fit adds from plot= and wandb=
@@ -160,3 +168,24 @@ def hooks_of(cb: Any) -> frozenset[str]:
 
 def _implements(impl: Any, hook: str) -> bool:
     return impl is not None and getattr(impl, "__func__", impl) is not getattr(Callback, hook)
+
+
+def run_order(cb: Any) -> int:
+    """Where ``cb`` runs among a run's callbacks: its ``order``, and no later than the watchers of a
+    value it adds to the logs."""
+    order = getattr(cb, "order", 0)
+    return min(order, ORDER_ADDS_LOGS) if getattr(cb, "adds_logs", ()) else order
+
+
+def logs_added_by(callbacks: Any) -> list[str]:
+    """The names ``callbacks`` say they add to each epoch's logs (``adds_logs``), in their order."""
+    names: list[str] = []
+    for cb in callbacks or ():
+        added = getattr(cb, "adds_logs", ())
+        if isinstance(added, str) or not all(isinstance(name, str) and name for name in added):
+            raise TypeError(
+                f"{type(cb).__name__}.adds_logs={added!r} must be a tuple of the names it writes into the logs, "
+                "e.g. adds_logs = ('val_auc',)."
+            )
+        names.extend(name for name in added if name not in names)
+    return names

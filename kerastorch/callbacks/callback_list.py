@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
 
-from .base import HOOKS, Callback, hooks_of
+from .base import HOOKS, Callback, hooks_of, run_order
 
 
 class CallbackList:
@@ -15,7 +15,7 @@ class CallbackList:
     """
 
     def __init__(self, callbacks: Iterable[Callback], model: Any, params: dict):
-        self.callbacks: list[Callback] = sorted(callbacks, key=lambda cb: getattr(cb, "order", 0))
+        self.callbacks: list[Callback] = sorted(callbacks, key=run_order)
         self.params = params  # every callback's ``self.params``: what the run adds later, they all see
         for cb in self.callbacks:
             cb.set_model(model)

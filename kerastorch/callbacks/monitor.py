@@ -85,7 +85,8 @@ class MonitorCallback(Callback):
         if names is not None and self.monitor not in names:
             raise ValueError(
                 f"{type(self).__name__} monitors {self.monitor!r}, which this run does not log; "
-                f"available: {', '.join(names)}."
+                f"available: {', '.join(names)}. If a callback of yours writes it into the logs, say so on its "
+                "class: adds_logs = ('name',)."
             )
 
     def watches(self, logs: dict) -> bool:

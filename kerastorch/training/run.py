@@ -24,7 +24,7 @@ from typing import Any, Iterator, Optional
 import pandas as pd
 import torch
 
-from ..callbacks.base import may_read_ckpt_path
+from ..callbacks.base import logs_added_by, may_read_ckpt_path
 from ..callbacks.best_weights import RestoreBestWeights
 from ..callbacks.callback_list import CallbackList
 from ..callbacks.early_stopping import EarlyStopping, early_stoppings_in
@@ -176,6 +176,7 @@ def fit_here(
                 model, train_data, val_data, runtime, settings
             )
             columns = outline.columns(settings.metric_names(model.metrics_dict), val_data is not None)
+            columns += [name for name in logs_added_by(settings.callbacks) if name not in columns]
             if not model.uses_default_train_step:  # the step named its values on its trial: monitor one of them
                 monitoring = monitor_for_columns(settings.monitoring, columns, outline.values)
                 step = dataclasses.replace(settings.step, monitor=monitoring.monitor)
@@ -289,6 +290,7 @@ def columns_of_runner(
         return None
     probed = val_data if val_data is not None else train_data
     columns = runner_columns(model, runners, probed, runtime, has_val=val_data is not None)
+    columns += [name for name in logs_added_by(settings.callbacks) if name not in columns]
     if settings.monitoring.monitor is not None:
         check_runner_monitor(settings.monitoring.monitor, columns, model)
     return columns
