@@ -3,7 +3,7 @@
     python resume_training_script.py OUT_DIR CKPT_PATH [--kill-at EPOCH BATCH] [--kill-in-write N]
 
 It trains with dropout, a shuffled DataLoader, numpy and python randomness in the data,
-momentum SGD and a StepLR scheduler, with ``resume=True``, and writes the history
+momentum SGD, a StepLR scheduler and metrics of both kinds (functions, a torchmetrics one), with ``resume=True``, and writes the history
 (``history.json``) and the final weights (``final.safetensors``) to OUT_DIR.
 ``--kill-at`` kills the process with SIGKILL before the given batch of the given epoch;
 ``--kill-in-write`` kills it in the middle of writing the N-th training-state file.
@@ -17,6 +17,7 @@ import signal
 
 import numpy as np
 import torch
+import torchmetrics
 from safetensors.torch import save_file
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
@@ -89,7 +90,14 @@ def main():
     net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 3))
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
-    model = kt.KerasModel(net, nn.CrossEntropyLoss(), {"acc": accuracy}, optimizer, lr_scheduler=scheduler)
+    metrics = {
+        "acc": accuracy,
+        # a function that is not a mean over samples, beside a stateful metric: its epoch value is the
+        # same however a run's batches reach the metrics (the first batch of a process's first epoch alone)
+        "spread": lambda preds, labels: preds[:, 0].std(),
+        "tm_acc": torchmetrics.Accuracy(task="multiclass", num_classes=3),
+    }
+    model = kt.KerasModel(net, nn.CrossEntropyLoss(), metrics, optimizer, lr_scheduler=scheduler)
     callbacks = [KillAt(*args.kill_at)] if args.kill_at else []
     if args.kill_in_write:
         die_in_the_nth_write(args.kill_in_write)

@@ -168,6 +168,34 @@ def test_epoch_values_are_exact_over_samples_not_means_of_batch_means():
     assert history["val_loss"][0] != pytest.approx(sum(batch_means) / 3, rel=1e-6)
 
 
+def test_a_function_metric_is_its_batch_values_averaged_over_samples_however_the_epoch_is_read():
+    # A function that is not a mean over samples (the spread of the outputs): its epoch value is
+    # sum f(batch) * n / N, whether or not something reads the logs between batches.
+    torch.manual_seed(0)
+    x, y = torch.randn(203, 3), torch.randint(0, 2, (203,))
+    loader = DataLoader(TensorDataset(x, y), batch_size=8)  # 25 batches of 8 and one of 3
+
+    def spread(preds, labels):
+        return preds[:, 1].std()
+
+    class ReadsTheLogs(kt.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch % 5 == 4:
+                logs["train_loss"]  # a read: the waiting batches go to the metrics now
+
+    values = []
+    for callbacks in ([], [ReadsTheLogs()]):
+        torch.manual_seed(1)
+        net = nn.Linear(3, 2)
+        model = kt.KerasModel(net, nn.CrossEntropyLoss(), {"spread": spread}, torch.optim.SGD(net.parameters(), lr=0.0))
+        history = model.fit(loader, epochs=1, callbacks=callbacks, verbose=0)
+        with torch.no_grad():
+            by_hand = sum(spread(net(xb), yb).item() * len(xb) for xb, yb in loader) / len(x)
+        assert history["train_spread"][0] == pytest.approx(by_hand, rel=1e-6)
+        values.append(history["train_spread"][0])
+    assert values[0] == values[1]
+
+
 def test_the_loss_of_many_batches_is_the_mean_over_samples_to_float64_precision():
     """The batch losses reach the epoch's sum in groups (not one kernel a step): over 600 batches
     (several groups), a short last one among them, the epoch loss is still each batch's loss times its

@@ -2,7 +2,8 @@
 
 The training step hands each batch's loss, predictions and labels to
 :class:`EpochMeters` and never waits for the device: sums stay tensors, and metric
-updates are batched (a few steps' outputs concatenated, one ``update``), because a
+updates are batched (a few steps' outputs concatenated, one ``update`` of a stateful
+metric; a function metric then gets each batch of the group alone), because a
 metric update per step costs more than the rest of a small model's step. A Python
 float exists only when someone reads: the progress bar when it redraws, and the
 loop at epoch end. Each read is one device-to-host copy.
@@ -459,10 +460,22 @@ class EpochMeters:
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        for preds, labels, n in _joined(pending):
-            preds = metric_friendly(preds)
-            for meter in self.meters.values():
-                meter.update(preds, labels, n)
+        # A function metric is a mean of its batch values (sum of f(batch) * n over N): it gets each batch
+        # alone, so its value does not depend on where the groups split (a read, a resumed run's start)
+        # and is exact for one that is not a mean over samples (a spread, an F1). A stateful metric adds
+        # its own states up, so it gets the group in as few updates as torch.cat allows.
+        functions = [meter for meter in self.meters.values() if isinstance(meter, _FunctionMeter)]
+        stateful = [meter for meter in self.meters.values() if not isinstance(meter, _FunctionMeter)]
+        if functions:
+            for preds, labels, n in pending:
+                friendly = metric_friendly(preds)
+                for meter in functions:
+                    meter.update(friendly, labels, n)
+        if stateful:
+            for preds, labels, n in _joined(pending):
+                preds = metric_friendly(preds)
+                for meter in stateful:
+                    meter.update(preds, labels, n)
 
     def state_dict(self) -> dict:
         """This process's partial sums of the epoch so far, for a training state saved mid-epoch: a
