@@ -210,8 +210,10 @@ def predict_arguments(
     callbacks: Optional[Sequence] = None,
     *,
     x: Any = None,
+    concatenate: bool = True,
 ) -> tuple[EvalData, PredictSettings]:
-    """``KerasModel.predict``'s keywords, checked (Keras's, in Keras's order; ``x=`` names the data)."""
+    """``KerasModel.predict``'s keywords, checked (Keras's, in Keras's order; ``x=`` names the data;
+    ``concatenate=False`` asks for a list of each batch's outputs)."""
     data = one_of("data", data, "x", x)
     if data is None:
         raise ValueError("predict needs data: predict(X), predict([X1, X2]), predict(dataset) or predict(loader).")
@@ -220,6 +222,7 @@ def predict_arguments(
         verbose=verbose_argument(verbose, None),
         steps=steps_argument("steps", steps),
         callbacks=callback_arguments(callbacks),
+        concatenate=check_flag("concatenate", concatenate, error=TypeError),
     )
     return EvalData(data), settings
 

@@ -487,6 +487,7 @@ class KerasModel(ModuleLike, ModelParts):
         callbacks: Optional[Sequence] = None,
         *,
         x: Any = None,
+        concatenate: bool = True,
     ) -> Any:
         """The net's outputs for ``data``, in eval mode, without gradients (Keras's keywords, in Keras's order).
 
@@ -502,9 +503,20 @@ class KerasModel(ModuleLike, ModelParts):
                 ``on_predict_batch_begin(batch)``, ``on_predict_batch_end(batch, {"outputs": ...})``,
                 ``on_predict_end``.
             x: Keras's name for ``data``.
+            concatenate: True (the default) joins the batches' outputs into one; False returns a list
+                with each batch's outputs, for outputs whose shapes differ from batch to batch past the
+                first dimension (a tagger's or a language model's on sequences padded per batch), which
+                the default refuses at the first batch that differs, naming the shapes.
 
         Returns:
-            The outputs on the CPU, rows in input order (a tensor, or the net's structure of tensors).
+            The outputs on the CPU, rows in input order (a tensor, or the net's structure of tensors);
+            from a DataLoader with ``batch_size=None`` over rows of arrays (a tensor, a ``TensorDataset``:
+            each item one sample) the samples' outputs stacked, one row each. With ``concatenate=False``, a list with each batch's outputs on the
+            CPU, as the net returned them (half precision as float32).
+
+        Example::
+
+            tags = model.predict(dl_test, concatenate=False)  # [(16, 11, 5), (16, 9, 5), ...]
         """
         given, settings = arguments.predict_arguments(self, **_keywords(locals()))
         return evaluation.predict(self, given, settings)

@@ -99,12 +99,13 @@ class EvaluateSettings:
 
 @dataclasses.dataclass(frozen=True)
 class PredictSettings:
-    """What a ``predict`` call asked for, besides the data (Keras's keywords)."""
+    """What a ``predict`` call asked for, besides the data (Keras's keywords, and ``concatenate``)."""
 
     batch_size: Optional[int] = None
     verbose: int = 1  # 0: no progress bar; 1: one when predicting takes a while
     steps: Optional[int] = None
     callbacks: Sequence[Any] = ()
+    concatenate: bool = True  # False: a list with each batch's outputs (Lightning's trainer.predict)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, NamedTuple, Optional, Union
 
 import torch
@@ -229,17 +230,106 @@ def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
     out = tensor.detach().to("cpu")
     if out.dtype in (torch.float16, torch.bfloat16):
         out = out.float()  # what every consumer of predictions accepts
-    return out.reshape(1) if out.dim() == 0 else out  # a scalar per batch concatenates to one per batch
+    return out
 
 
 def to_host(outputs: Any) -> Any:
-    """``outputs`` copied to the CPU, half precision as float32, scalars as one-element tensors."""
+    """``outputs`` copied to the CPU, half precision as float32, shapes as they are."""
     return recursively_apply(_host_copy, outputs)
 
 
-def concatenate_batches(outputs: list) -> Any:
-    """One structure of the batches' outputs, concatenated along the first dimension."""
-    return concatenate(outputs)
+def _as_rows(tensor: torch.Tensor, single_sample: bool) -> torch.Tensor:
+    if single_sample:
+        return tensor.unsqueeze(0)  # one sample's output is one row
+    return tensor.reshape(1) if tensor.dim() == 0 else tensor  # a scalar per batch concatenates to one per batch
+
+
+def _leaf_shapes(outputs: Any, path: str = "outputs") -> list[tuple[str, tuple[int, ...]]]:
+    """Where each tensor of a structure of outputs sits (``outputs['logits']``, ``outputs[0]``) and its shape."""
+    if isinstance(outputs, torch.Tensor):
+        return [(path, tuple(outputs.shape))]
+    if isinstance(outputs, Mapping):
+        return [leaf for key, value in outputs.items() for leaf in _leaf_shapes(value, f"{path}[{key!r}]")]
+    if isinstance(outputs, (tuple, list)):
+        return [leaf for i, value in enumerate(outputs) for leaf in _leaf_shapes(value, f"{path}[{i}]")]
+    return []
+
+
+class OutputRows:
+    """``predict``'s outputs, one batch after another, concatenated at the end into one structure with
+    a row per sample (accelerate's ``concatenate``, which keeps each container's type).
+
+    ``held`` says what each batch is (:func:`~kerastorch.data.loaders.what_batches_hold`): for
+    ``"samples"`` (a DataLoader with ``batch_size=None`` over rows of arrays) each output gets a first
+    dimension of one, so the samples' outputs are stacked; for ``"items"`` (``batch_size=None`` over
+    another dataset, whose items may be samples or batches) the items are joined as batches only when
+    the net's outputs have a row per input row, and refused otherwise, since stacking and concatenating
+    would both be guesses. Each batch's shapes are compared with the first batch's as it comes (shapes
+    only, no device sync): outputs that differ past the first dimension, as a tagger's on sequences
+    padded per batch do, are refused at that batch, saying what differs and what to do, not after the
+    whole data set inside ``torch.cat``.
+    """
+
+    def __init__(self, held: str = "batches"):
+        self.single_samples = held == "samples"
+        self.check_rows = held == "items"
+        self.batches: list = []
+        self._first_shapes: list[tuple[str, tuple[int, ...]]] = []
+
+    def append(self, outputs: Any, batch: Any = None) -> None:
+        """Keep one batch's outputs (on the CPU), refusing them if they cannot join the earlier ones."""
+        if self.check_rows:
+            self._refuse_unless_rows(outputs, batch)
+        rows = recursively_apply(_as_rows, outputs, single_sample=self.single_samples)
+        shapes = _leaf_shapes(rows)
+        if not self.batches:
+            self._first_shapes = shapes
+        elif [(where, shape[1:]) for where, shape in shapes] != [(w, s[1:]) for w, s in self._first_shapes]:
+            raise ValueError(self._mismatch(len(self.batches), shapes))
+        self.batches.append(rows)
+
+    def _refuse_unless_rows(self, outputs: Any, batch: Any) -> None:
+        given, made = first_tensor(batch), first_tensor(outputs)
+        if given is None or made is None:
+            return
+        if given.dim() > 0 and made.dim() > 0 and given.shape[0] == made.shape[0]:
+            return
+        raise ValueError(
+            "predict cannot tell whether this DataLoader's items are samples or batches: with batch_size=None "
+            "(automatic batching off) it hands each item of its dataset to the net as it is, and for item "
+            f"{len(self.batches)} the input has shape {tuple(given.shape)} and the net's output "
+            f"{tuple(made.shape)}, not one row per input row as a batch's outputs have. For a dataset of "
+            "samples, let the DataLoader batch them: DataLoader(dataset, batch_size=32), or a TensorDataset, "
+            "whose items predict stacks; for batches your dataset makes itself, the net's outputs need one "
+            "row per input row. predict(data, concatenate=False) returns each item's outputs as a list."
+        )
+
+    def concatenated(self) -> Any:
+        return concatenate(self.batches)
+
+    def _mismatch(self, index: int, shapes: list[tuple[str, tuple[int, ...]]]) -> str:
+        unit = "sample" if self.single_samples else "item" if self.check_rows else "batch"
+        first = dict(self._first_shapes)
+        if [where for where, _ in shapes] != list(first):
+            said = (
+                f"{unit} 0's outputs hold {', '.join(first) or 'no tensor'} and {unit} {index}'s hold "
+                f"{', '.join(where for where, _ in shapes) or 'no tensor'}"
+            )
+        else:
+            where, shape = next((w, s) for w, s in shapes if s[1:] != first[w][1:])
+            drop = 1 if self.single_samples else 0  # a sample's own shape, without the row added here
+            said = f"the shape of {where} is {first[where][drop:]} in {unit} 0 and {shape[drop:]} in {unit} {index}"
+        if self.single_samples:
+            rule = "A DataLoader with batch_size=None over rows hands the net one sample at a time, and the "
+            rule += "samples' outputs are stacked, so they must have one shape"
+        else:
+            rule = "The batches' outputs join along the first (batch) dimension, so every other dimension must match"
+        return (
+            f"predict cannot concatenate the net's outputs: {said}. {rule} (outputs on sequences padded per batch "
+            f"differ in length). Pass concatenate=False for a list with each {unit}'s outputs: "
+            "model.predict(data, concatenate=False); or make the outputs the same size past the first dimension "
+            "(pad every sequence to one length in the collate_fn)."
+        )
 
 
 class Inputs(NamedTuple):

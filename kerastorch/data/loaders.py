@@ -7,7 +7,7 @@ import itertools
 from typing import Any, Iterator, Optional
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, TensorDataset
 
 from ..settings import DEFAULT_BATCH_SIZE, DataSettings
 from .arrays import ArrayDataset
@@ -87,6 +87,25 @@ class FirstBatches:
         return self.steps if total is None else min(self.steps, total)
 
 
+def what_batches_hold(loader: Any) -> str:
+    """What each batch of ``loader`` is, for ``predict`` to join the outputs: ``"batches"`` for a loader
+    that batches (the usual); for a torch DataLoader with automatic batching off (``batch_size=None``),
+    which hands over its dataset's items as they are, ``"samples"`` when the dataset's items are rows of
+    arrays (a tensor, a ``TensorDataset``, the arrays kerastorch batches, a ``Subset`` of one), and
+    ``"items"`` for any other dataset, whose items may be samples or batches made by the dataset itself
+    (an ``IterableDataset`` that yields batches: torch's advice for data that batches itself).
+    Looks through the wrappers kerastorch puts around a loader (``steps``)."""
+    while isinstance(loader, FirstBatches):
+        loader = loader.loader
+    # DataLoader's own test for automatic batching (its private _auto_collation) is this one.
+    if not isinstance(loader, DataLoader) or loader.batch_sampler is not None:
+        return "batches"
+    dataset = loader.dataset
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return "samples" if isinstance(dataset, (torch.Tensor, TensorDataset, ArrayDataset)) else "items"
+
+
 def training_labels(loader: Any) -> torch.Tensor:
     """Every training label, for class weights: read from the arrays when kerastorch built the
     loader, else by one pass over the loader (its data order left as it was)."""
@@ -134,4 +153,5 @@ __all__ = [
     "per_process_training_data",
     "per_process_validation_data",
     "training_labels",
+    "what_batches_hold",
 ]

@@ -17,7 +17,7 @@ from ..callbacks.progress import ProgressBar
 from ..compat.runners import RunnerEpochs, program_runners
 from ..data.arrays import is_flat_group
 from ..data.forms import EvalData, eval_loader
-from ..data.loaders import FirstBatches
+from ..data.loaders import FirstBatches, what_batches_hold
 from ..data.peek import num_batches
 from ..devices.runtime import runtime_for_net
 from ..settings import EvaluateSettings, PredictSettings
@@ -73,7 +73,8 @@ def evaluate(model: TrainableModel, given: EvalData, settings: EvaluateSettings)
 
 
 def predict(model: TrainableModel, given: EvalData, settings: PredictSettings) -> Any:
-    """The net's outputs for the data, on the CPU, rows in data order (eval mode, no gradients)."""
+    """The net's outputs for the data, on the CPU, rows in data order (eval mode, no gradients); with
+    ``settings.concatenate`` False, a list of each batch's outputs."""
     data = eval_loader(given.data, None, settings.batch_size, needs_labels=False, steps=settings.steps)
     if settings.steps is not None:
         data = FirstBatches(data, settings.steps)
@@ -92,7 +93,14 @@ def predict(model: TrainableModel, given: EvalData, settings: PredictSettings) -
     params = {"epochs": 1, "steps": num_batches(data), "verbose": settings.verbose}
     callbacks = CallbackList(settings.callbacks, model, params)
     try:
-        return predict_outputs(model, batches, runtime_for_net(model.net), callbacks)
+        return predict_outputs(
+            model,
+            batches,
+            runtime_for_net(model.net),
+            callbacks,
+            held=what_batches_hold(data),
+            concatenate=settings.concatenate,
+        )
     except TypeError as error:
         inputs = given.data
         if isinstance(inputs, (tuple, list)) and is_flat_group(inputs) and len(inputs) > 1:

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import torch
 
 from ..callbacks.callback_list import CallbackList
-from ..data.batches import batch_size_of, concatenate_batches, split_sample_weight, to_host
+from ..data.batches import OutputRows, batch_size_of, split_sample_weight, to_host
 from ..data.loaders import FirstBatches
 from ..data.peek import FirstPass, num_batches
 from ..devices.runtime import Runtime
@@ -195,11 +195,21 @@ def evaluate_epoch(
 
 @torch.no_grad()
 def predict_outputs(
-    model: TrainableModel, loader: Any, runtime: Runtime, callbacks: Optional[CallbackList] = None
+    model: TrainableModel,
+    loader: Any,
+    runtime: Runtime,
+    callbacks: Optional[CallbackList] = None,
+    *,
+    held: str = "batches",
+    concatenate: bool = True,
 ) -> Any:
-    """The net's outputs for every batch, on the CPU, concatenated in data order; ``callbacks`` get
-    Keras's predict hooks (``on_predict_batch_end``'s logs hold the batch's ``outputs``)."""
-    outputs = []
+    """The net's outputs for every batch, on the CPU, in data order: concatenated into one structure
+    (stacked where ``held`` is ``"samples"``: each batch is one sample, see
+    :func:`~kerastorch.data.loaders.what_batches_hold`), or with ``concatenate=False`` a list of each
+    batch's outputs. ``callbacks`` get Keras's predict hooks (``on_predict_batch_end``'s logs
+    hold the batch's ``outputs``)."""
+    rows = OutputRows(held)
+    listed = []
     callbacks = callbacks if callbacks is not None else CallbackList([], model, {})
     on_begin, on_end = callbacks.wants("on_predict_batch_begin"), callbacks.wants("on_predict_batch_end")
     with eval_mode(model.net):
@@ -210,13 +220,16 @@ def predict_outputs(
             batch = runtime.to_device(batch)
             with runtime.autocast():
                 batch_outputs = model.predict_batch(batch)
-            outputs.append(to_host(batch_outputs))
+            if concatenate:
+                rows.append(to_host(batch_outputs), batch)  # refuses, at this batch, outputs that cannot join
+            else:
+                listed.append(to_host(batch_outputs))
             if on_end:
                 callbacks.call("on_predict_batch_end", batch_index, {"outputs": batch_outputs})
         callbacks.call("on_predict_end", {})
-    if not outputs:
+    if not (rows.batches or listed):
         raise ValueError("predict got no batches: the data is empty.")
-    return concatenate_batches(outputs)
+    return rows.concatenated() if concatenate else listed
 
 
 class _NoPreemption:
