@@ -511,8 +511,9 @@ class KerasModel(ModuleLike, ModelParts):
         Returns:
             The outputs on the CPU, rows in input order (a tensor, or the net's structure of tensors);
             from a DataLoader with ``batch_size=None`` over rows of arrays (a tensor, a ``TensorDataset``:
-            each item one sample) the samples' outputs stacked, one row each. With ``concatenate=False``, a list with each batch's outputs on the
-            CPU, as the net returned them (half precision as float32).
+            each item one sample) the samples' outputs stacked, one row each. With ``concatenate=False``,
+            a list with each batch's outputs on the CPU, as the net returned them (half precision as
+            float32).
 
         Example::
 
