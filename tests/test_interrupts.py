@@ -80,8 +80,10 @@ def test_ctrl_c_inside_the_loss_returns_the_history_with_best_weights_and_an_int
     assert history["epoch"].tolist() == [1, 2]
     assert model.history.equals(history)
     out_lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    state_path = training_state_path(ckpt)
     assert out_lines == [
-        "Interrupted during epoch 3: returning the history of the 2 finished epoch(s) with the best weights restored."
+        "Interrupted during epoch 3: returning the history of the 2 finished epoch(s) with the best weights restored. "
+        f"The training state after epoch 2 is in {state_path!r}: the same call goes on from there."
     ]
     assert weights_equal(model.net.state_dict(), load_file(ckpt))  # the best epoch's weights
     state = load_state_file(training_state_path(ckpt))

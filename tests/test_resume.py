@@ -156,6 +156,19 @@ def test_more_epochs_after_a_finished_run_continue_exactly(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(weights_of(second).values(), weights_of(straight).values()))
 
 
+def test_a_resumed_run_writes_the_best_weights_again_when_their_file_is_gone(tmp_path, capsys):
+    ckpt = tmp_path / "best.safetensors"
+    dl_train, dl_val = tiny_data()
+    tiny_model().fit(dl_train, dl_val, epochs=2, patience=None, verbose=0, ckpt_path=ckpt, resume=True)
+    ckpt.unlink()  # deleted by hand; the training state beside it stays
+    dl_train, dl_val = tiny_data()
+    model = tiny_model()
+    model.fit(dl_train, dl_val, epochs=3, patience=None, verbose=1, ckpt_path=ckpt, resume=True)
+    assert "was missing: the weights of epoch" in capsys.readouterr().out
+    written = load_file(ckpt)  # the best weights, which fit put back in the net
+    assert all(torch.equal(written[name], value) for name, value in weights_of(model).items())
+
+
 def test_running_a_finished_run_again_returns_its_history_and_best_weights_without_training(tmp_path):
     ckpt = tmp_path / "best.safetensors"
     dl_train, dl_val = tiny_data()

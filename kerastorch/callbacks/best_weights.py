@@ -105,6 +105,13 @@ class RestoreBestWeights(MonitorCallback):
     def load_state_dict(self, state):
         super().load_state_dict(state)
         self.kept.weights = state["best_weights"]
+        # ckpt_path holds the best weights when fit returns: a file deleted since the saved run is
+        # written again now, not only at the next better epoch (which may never come).
+        if self.kept.write_if_missing(self.model) and (self.params or {}).get("verbose"):
+            self.model.print(
+                f"{os.fspath(self.kept.ckpt_path)!r} was missing: the weights of epoch {self.best_epoch} (the best "
+                "so far) are written to it again."
+            )
 
 
 __all__ = ["RestoreBestWeights"]

@@ -69,6 +69,19 @@ class KeptWeights:
             if not self.write_while_training:
                 self.wait_written()
 
+    def write_if_missing(self, model: Any) -> bool:
+        """Write the weights kept to ``ckpt_path`` when the file is not there (a resumed run's best
+        weights, whose file was deleted or left behind in another folder); True when it does."""
+        if not (self.ckpt_path and self.weights is not None and model.is_main_process):
+            return False
+        if os.path.exists(self.ckpt_path):
+            return False
+        weights, path = self.weights, self.ckpt_path
+        self._writer.start(lambda: _write(weights, path, None))
+        if not self.write_while_training:
+            self.wait_written()
+        return True
+
     def wait_written(self) -> None:
         """Return once ``ckpt_path`` holds the weights kept last; raise if writing them failed."""
         self._writer.wait()

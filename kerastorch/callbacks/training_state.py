@@ -198,6 +198,12 @@ class TrainingState(Callback):
         if self.removes_when_done and self.finished and self.model.is_main_process:
             remove_training_state(self.path)
 
+    @property
+    def saved_at(self) -> Optional[tuple[int, int]]:
+        """Where the state on disk stands, ``(finished epochs, batches of the next)``, once this run wrote
+        or resumed from one; None before."""
+        return self._saved_at
+
     # -- writing ---------------------------------------------------------------------------
 
     def save(self, epoch: int, batches: int, while_training: bool = True) -> Optional[str]:

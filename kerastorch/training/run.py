@@ -377,7 +377,7 @@ def train_with_callbacks(
         restored = "the best weights restored" if rows else "the weights from before training restored"
         model.print(
             f"Interrupted during epoch {rows[-1]['epoch'] + 1 if rows else first_epoch}: returning the history of "
-            f"the {len(rows)} finished epoch(s) with {restored}."
+            f"the {len(rows)} finished epoch(s) with {restored}.{where_the_state_is(callbacks)}"
         )
     except BaseException as error:
         stopped_by = error
@@ -435,6 +435,16 @@ def tell_beside(error: BaseException, message: str) -> None:
         error.add_note(message)
     else:
         warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+
+def where_the_state_is(callbacks: CallbackList) -> str:
+    """For the line a Ctrl-C prints: the training state on disk this run can go on from, if any."""
+    for state in training_states_in(callbacks):
+        if state.saved_at is not None:
+            epoch, batches = state.saved_at
+            after = f"batch {batches} of epoch {epoch + 1}" if batches else f"epoch {epoch}"
+            return f" The training state after {after} is in {state.path!r}: the same call goes on from there."
+    return ""
 
 
 def keeps_training_state(settings: FitSettings) -> bool:
