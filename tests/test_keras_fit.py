@@ -193,6 +193,56 @@ def test_a_tuple_data_set_takes_grouped_inputs_and_refuses_labels_in_the_weights
     assert all(torch.equal(a, b) for a, b in zip(before, regression.net.parameters()))
 
 
+class TwoOutputs(nn.Module):
+    """A class and a value from the same features: Keras's multi-output net."""
+
+    def __init__(self):
+        super().__init__()
+        self.classes, self.value = nn.Linear(3, 2), nn.Linear(3, 1)
+
+    def forward(self, x):
+        return self.classes(x), self.value(x)
+
+
+def class_and_value_loss(outputs, labels):
+    return nn.functional.cross_entropy(outputs[0], labels[0]) + nn.functional.mse_loss(outputs[1], labels[1])
+
+
+def test_a_net_with_two_outputs_takes_its_labels_as_keras_does():
+    X, y = data(60)
+    value = (X[:, 2:3] * 2).astype("float32")
+    torch.manual_seed(0)
+    net = TwoOutputs()
+    model = frozen(net, loss_fn=class_and_value_loss)
+    with torch.no_grad():
+        by_hand = class_and_value_loss(net(torch.tensor(X[40:])), (torch.tensor(y[40:]), torch.tensor(value[40:])))
+    # fit(X, [y1, y2]), y=(y1, y2), ((X, (y1, y2))) and validation_data=(X_val, [y1, y2]): one reading
+    for history in (
+        model.fit(X[:40], [y[:40], value[:40]], validation_data=(X[40:], [y[40:], value[40:]]), epochs=1, verbose=0),
+        model.fit(X[:40], y=(y[:40], value[:40]), validation_data=(X[40:], (y[40:], value[40:])), epochs=1, verbose=0),
+        model.fit((X, (y, value)), validation_split=1 / 3, epochs=1, verbose=0),
+    ):
+        assert history["val_loss"].iloc[0] == pytest.approx(float(by_hand), rel=1e-5)
+    assert model.evaluate(X[40:], [y[40:], value[40:]], verbose=0)["val_loss"] == pytest.approx(
+        float(by_hand), rel=1e-5
+    )
+    # a dict of labels reaches the loss as a dict
+    named = frozen(net, loss_fn=lambda out, labels: class_and_value_loss(out, (labels["kind"], labels["size"])))
+    scores = named.evaluate(X[40:], {"kind": y[40:], "size": value[40:]}, verbose=0)
+    assert scores["val_loss"] == pytest.approx(float(by_hand), rel=1e-5)
+
+    # class weights are for one array of labels, as in Keras
+    class ClassAndValueLoss(nn.Module):
+        reduction = "mean"
+
+        def forward(self, outputs, labels):
+            return class_and_value_loss(outputs, labels)
+
+    weighted = frozen(net, loss_fn=ClassAndValueLoss())
+    with pytest.raises(ValueError, match=r"class_weight weighs the classes of one array of labels.*one output"):
+        weighted.fit(X, [y, value], class_weight={0: 1.0, 1: 2.0}, epochs=1, verbose=0)
+
+
 def test_predict_goes_once_over_a_generator_and_steps_cut_an_endless_one():
     X, y = data()
     net = nn.Linear(3, 2)

@@ -36,8 +36,61 @@ def is_array_group(obj: Any) -> bool:
         if len(obj) == 3 and obj[2] is None:  # Keras's (x, y, None): no sample weights
             obj = obj[:2]
         first_is_inputs = is_array(obj[0]) if len(obj) == 1 else is_array(obj[0]) or is_flat_group(obj[0])
-        return first_is_inputs and all(is_array(o) for o in obj[1:])
+        # (x, (y1, y2)): the labels of a net with several outputs may be a group too
+        labels_fit = len(obj) == 1 or is_array(obj[1]) or is_label_group(obj[1])
+        return first_is_inputs and labels_fit and all(is_array(o) for o in obj[2:])
     return is_flat_group(obj)
+
+
+def is_label_group(obj: Any, samples: Optional[int] = None) -> bool:
+    """The labels of a net with several outputs, as Keras takes them: a tuple or list of two or more
+    arrays, or a dict of arrays, one per output (each with ``samples`` rows, when given)."""
+    if isinstance(obj, Mapping):
+        columns = list(obj.values())
+    elif isinstance(obj, (tuple, list)) and len(obj) >= 2 and not isinstance(obj, (WeightedSample, Inputs)):
+        columns = list(obj)
+    else:
+        return False
+    return (
+        bool(columns)
+        and all(is_array(column) for column in columns)
+        and (samples is None or all(len(column) == samples for column in columns))
+    )
+
+
+class LabelGroup:
+    """The labels of a net with several outputs (``fit(X, [y1, y2])``, ``y={"a": y1, "b": y2}``), one
+    tensor per output. A sample's labels are one row of each, as a tuple or a dict, which the
+    DataLoader batches into a tuple or a dict of tensors: the structure of the net's outputs, which
+    the loss gets beside them."""
+
+    def __init__(self, labels: Union[tuple, dict]):
+        self.labels = labels
+
+    def __len__(self) -> int:
+        first = next(iter(self.labels.values())) if isinstance(self.labels, dict) else self.labels[0]
+        return len(first)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(self.labels, dict):
+            return {key: value[index] for key, value in self.labels.items()}
+        return tuple(value[index] for value in self.labels)
+
+
+def _samples_or_none(data: Any) -> Optional[int]:
+    try:
+        return num_samples(data)
+    except (StopIteration, IndexError, KeyError, TypeError):  # no array to count (refused later, by name)
+        return None
+
+
+def as_labels(y: Any, name: str, keep_float64: bool, samples: Optional[int]) -> Union[torch.Tensor, LabelGroup]:
+    """``y`` as a tensor, or, for a net with several outputs (one array per output), a :class:`LabelGroup`."""
+    if not is_label_group(y, samples):
+        return as_tensor(y, name, keep_float64, labels=True)
+    if isinstance(y, Mapping):
+        return LabelGroup({str(k): as_tensor(v, f"{name}[{k!r}]", keep_float64, labels=True) for k, v in y.items()})
+    return LabelGroup(tuple(as_tensor(v, f"{name}[{i}]", keep_float64, labels=True) for i, v in enumerate(y)))
 
 
 def is_flat_group(obj: Any) -> bool:
@@ -189,15 +242,16 @@ def array_dataset(
         x_name, y_name = f"{name}[0]", f"{name}[1]"
         weight_name = f"{name}[2]" if in_tuple is not sample_weight else weight_name
         sample_weight = in_tuple
+    labels = None if y is None else as_labels(y, y_name, keep_float64, _samples_or_none(data))
     if isinstance(data, Mapping):
-        columns = {str(k): as_tensor(v, f"{x_name}[{k!r}]", keep_float64) for k, v in data.items()}
+        columns: dict[str, Any] = {str(k): as_tensor(v, f"{x_name}[{k!r}]", keep_float64) for k, v in data.items()}
         has_labels = any(k in LABEL_KEYS for k in columns)
-        if y is not None:
+        if labels is not None:
             if has_labels:
                 raise ValueError(
                     f"{name} is a dict of arrays with a labels key, and y was given too; pass the labels once."
                 )
-            columns["labels"] = as_tensor(y, y_name, keep_float64, labels=True)
+            columns["labels"] = labels
         elif needs_labels and not has_labels:
             raise ValueError(
                 f"{name} is a dict of arrays without labels: give it a 'labels' key (or 'label', 'y'), or pass y=..."
@@ -213,15 +267,13 @@ def array_dataset(
                 "or dict of arrays: (X1, X2) or {'a': X1, 'b': X2}."
             )
         names = [f"{x_name}[{i}]" for i in range(len(inputs))] if grouped else [x_name]
-        if y is not None:
-            inputs.append(y)
-            names.append(y_name)
-        elif needs_labels:
+        if labels is None and needs_labels:
             raise ValueError(f"{name} is a single array: its labels are missing. Pass fit(X, y), or a tuple (X, y).")
-        arrays = tuple(
-            as_tensor(a, label, keep_float64, labels=y is not None and i == len(inputs) - 1)
-            for i, (a, label) in enumerate(zip(inputs, names))
-        )
+        converted: list[Any] = [as_tensor(a, label, keep_float64, labels=False) for a, label in zip(inputs, names)]
+        if labels is not None:
+            converted.append(labels)
+            names.append(y_name)
+        arrays = tuple(converted)
         named = list(zip(names, arrays))
     weight: Optional[torch.Tensor] = None
     if sample_weight is not None:
@@ -240,11 +292,14 @@ def array_dataset(
 
 __all__ = [
     "ArrayDataset",
+    "LabelGroup",
     "array_dataset",
+    "as_labels",
     "as_tensor",
     "is_array",
     "is_array_group",
     "is_flat_group",
+    "is_label_group",
     "keras_parts",
     "num_samples",
 ]

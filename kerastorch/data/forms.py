@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, Subset
 
-from .arrays import array_dataset, as_tensor, is_array, is_array_group, num_samples
+from .arrays import array_dataset, as_tensor, is_array, is_array_group, is_label_group, num_samples
 from .batches import LABEL_KEYS
 from .loaders import loader_for
 from .peek import num_batches
@@ -283,6 +283,8 @@ def check_loader(data: Any, name: str) -> None:
 def keras_positional(train: Any, val: Any, y: Any) -> tuple[Any, Any]:
     """``fit(X, y)``, ``fit((X1, X2), y)``, ``fit({"a": X1, "b": X2}, y)``: a bare array in ``val_data``'s
     place is the labels, never validation data (a bare array has no labels). Returns ``(y, val)``."""
+    if y is None and is_array(train) and is_label_group(val, num_samples(train)):
+        return val, None  # Keras's fit(X, [y1, y2]): a bare X has no labels, so these are its labels, one per output
     if y is None and (is_array(val) or is_number_list(val)) and (is_array(train) or is_array_group(train)):
         if isinstance(train, Mapping) and any(str(key) in LABEL_KEYS for key in train):
             raise ValueError(

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, TensorDataset
 
 from ..settings import DEFAULT_BATCH_SIZE, DataSettings
-from .arrays import ArrayDataset
+from .arrays import ArrayDataset, LabelGroup
 from .batches import LABEL_KEYS, unpack
 from .peek import num_batches, rng_untouched
 from .resumable import resumable
@@ -116,6 +116,12 @@ def training_labels(loader: Any) -> torch.Tensor:
     if isinstance(dataset, ArrayDataset):
         arrays = dataset.arrays
         labels = next(v for k, v in arrays.items() if k in LABEL_KEYS) if isinstance(arrays, dict) else arrays[-1]
+        if isinstance(labels, LabelGroup):
+            raise ValueError(
+                "class_weight weighs the classes of one array of labels, and these labels are one array per "
+                "output of the net (fit(X, [y1, y2])), as in Keras, which takes class_weight only for a net "
+                "with one output. Weight the classes in the loss instead: nn.CrossEntropyLoss(weight=...)."
+            )
         return labels[indices]
     found = []
     with rng_untouched(loader):
