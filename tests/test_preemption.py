@@ -206,6 +206,7 @@ def test_sigusr1_under_slurm_stops_two_processes_writes_their_state_and_requeues
     code, output = run_script(tmp_path / "stopped", "--devices", 2, "--act", 2, 1, "usr1-parent", env=env)
     assert code == 1, output
     assert "kerastorch.Preempted: Training stopped by SIGUSR1" in output and "SLURM job 4242 was requeued" in output
+    assert "Process ForkProcess" not in output  # said once, by the caller, not in a traceback per worker
     assert (tmp_path / "bin" / "scontrol.log").read_text() == "requeue 4242\n"  # once, by the main process
     state = backup_of(tmp_path / "stopped")
     assert len(state["processes"]) == 2 and (state["epoch"], state["batches"]) >= (1, 2)

@@ -210,6 +210,8 @@ def run_one_process(work: Callable[[], Any], folder: str, python_random: Any = N
             torch.save(result, os.path.join(folder, RESULTS_FILE))
     except BaseException as error:
         record_failure(folder, rank, error)
+        if type(error).__name__ == "Preempted":  # an ending, not a failure: the caller raises it once, from the record
+            raise SystemExit(1) from None  # (an exception would have each worker print its traceback)
         raise
     finally:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
