@@ -50,6 +50,8 @@ from .settings import (
     OutputSettings,
     PredictSettings,
     StepSettings,
+    describe_validated,
+    is_validated,
 )
 from .strategies import Strategy, parse_strategy
 from .training.history import history_columns
@@ -92,7 +94,7 @@ def fit_arguments(
     class_weight: Union[dict, str, None] = None,
     sample_weight: Any = None,
     steps_per_epoch: Optional[int] = None,
-    validation_freq: int = 1,
+    validation_freq: Union[int, Sequence[int]] = 1,
     initial_epoch: int = 0,
     validation_steps: Optional[int] = None,
     validation_batch_size: Optional[int] = None,
@@ -122,7 +124,7 @@ def fit_arguments(
     check_initial_epoch(initial_epoch, epochs, resume)
     check_weighted_metrics(weighted_metrics, model.metrics_dict)
     has_val = data.val is not None or bool(validation_split)
-    check_validation_freq(validation_freq, epochs, has_val, initial_epoch)
+    check_validation_freq(data_settings.validation_freq, epochs, has_val, initial_epoch)
     for name, value in (("validation_steps", validation_steps), ("validation_batch_size", validation_batch_size)):
         if value is not None and not has_val:
             raise ValueError(
@@ -352,7 +354,7 @@ def data_arguments(
             f"validation_split={validation_split!r}; use a fraction in [0, 1), e.g. 0.2 for the last 20 %."
         )
     steps_argument("steps_per_epoch", steps_per_epoch)
-    check_whole_number("validation_freq", validation_freq, minimum=1)
+    validation_freq = validation_freq_argument(validation_freq)
     steps_argument("validation_steps", validation_steps)
     return DataSettings(
         batch_size,
@@ -364,6 +366,23 @@ def data_arguments(
         validation_steps,
         validation_batch_size,
     )
+
+
+def validation_freq_argument(validation_freq: Any) -> Union[int, tuple[int, ...]]:
+    """Every n epochs (a whole number >= 1), or Keras's list of the epochs to validate (1-based)."""
+    if isinstance(validation_freq, (list, tuple)):
+        if not validation_freq or not all(
+            isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 1 for epoch in validation_freq
+        ):
+            raise ValueError(
+                f"validation_freq={validation_freq!r}: a list names the epochs to validate, 1-based, e.g. "
+                "validation_freq=[1, 5, 10]; or give a whole number n to validate every n epochs."
+            )
+        return tuple(sorted(set(validation_freq)))
+    check_whole_number(
+        "validation_freq", validation_freq, minimum=1, hint=" (every n epochs), or a list of epochs like [1, 5, 10]"
+    )
+    return int(validation_freq)
 
 
 def batch_size_argument(name: str, size: Any) -> Optional[int]:
@@ -607,16 +626,20 @@ def check_resume(resume: Any, ckpt_path: Any) -> None:
         )
 
 
-def check_validation_freq(validation_freq: int, epochs: int, has_val: bool, initial_epoch: int = 0) -> None:
+def check_validation_freq(
+    validation_freq: Union[int, tuple[int, ...]], epochs: int, has_val: bool, initial_epoch: int = 0
+) -> None:
     """Validation data that no epoch would validate: no val_loss, no best weights, no ckpt_path file.
-    The run trains epochs ``initial_epoch + 1`` to ``epochs``; validation follows epochs n, 2n, ..."""
-    if has_val and epochs > initial_epoch and epochs // validation_freq == initial_epoch // validation_freq:
-        trained = f"epochs={epochs}" if not initial_epoch else f"epochs {initial_epoch + 1} to {epochs}"
+    The run trains epochs ``initial_epoch + 1`` to ``epochs``."""
+    trained = range(initial_epoch + 1, epochs + 1)
+    if has_val and trained and not any(is_validated(epoch, validation_freq) for epoch in trained):
+        which = f"epochs={epochs}" if not initial_epoch else f"epochs {initial_epoch + 1} to {epochs}"
+        given = list(validation_freq) if isinstance(validation_freq, tuple) else validation_freq
         raise ValueError(
-            f"validation_freq={validation_freq} with {trained}: no epoch is validated (validation runs "
-            f"after epochs {validation_freq}, {2 * validation_freq}, ...), so the run would have no val_loss, no "
-            "best weights and nothing to write to ckpt_path. Pass a validation_freq that divides one of the "
-            "epochs trained (validation_freq=1 validates every epoch), or more epochs."
+            f"validation_freq={given} with {which}: no epoch is validated (validation runs after "
+            f"{describe_validated(validation_freq)}), so the run would have no val_loss, no best weights and "
+            "nothing to write to ckpt_path. Pass a validation_freq that validates one of the epochs trained "
+            "(validation_freq=1 validates every epoch), or more epochs."
         )
 
 

@@ -139,7 +139,7 @@ class KerasModel(ModuleLike, ModelParts):
         class_weight: Union[dict, str, None] = None,
         sample_weight: Any = None,
         steps_per_epoch: Optional[int] = None,
-        validation_freq: int = 1,
+        validation_freq: Union[int, Sequence[int]] = 1,
         initial_epoch: int = 0,
         validation_steps: Optional[int] = None,
         validation_batch_size: Optional[int] = None,
@@ -229,7 +229,8 @@ class KerasModel(ModuleLike, ModelParts):
             steps_per_epoch: an epoch is this many batches; the next epoch continues the same
                 iterator (for endless streams, or shorter epochs). Without ``batch_size``, the
                 batches kerastorch makes are sized so that this many cover the data (Keras's rule).
-            validation_freq: validate every n epochs; the other rows' ``val_*`` cells are NaN,
+            validation_freq: validate every n epochs, or (Keras's list) the epochs listed, e.g.
+                ``[1, 5, 10]``; the other rows' ``val_*`` cells are NaN,
                 and early stopping, the best weights and ReduceLROnPlateau look at validated
                 epochs only.
             initial_epoch: Keras's: the epochs already done. fit trains epochs

@@ -79,11 +79,26 @@ class DataSettings:
     validation_split: float = 0.0  # the last fraction of the samples, before shuffling
     class_weight: Any = None  # {class: weight} or "balanced"
     steps_per_epoch: Optional[int] = None  # None: one pass over the training data
-    validation_freq: int = 1  # validate every n epochs
+    validation_freq: Union[int, tuple[int, ...]] = 1  # validate every n epochs, or (Keras's list) the epochs listed
     validation_steps: Optional[int] = None  # None: every validation batch; else the first n of each validation
     validation_batch_size: Optional[int] = None  # None: batch_size's
     train_name: str = "train_data"  # what messages call the data: the keyword it came with
     val_name: str = "val_data"  # "validation_data", or "the validation split"
+
+
+def is_validated(epoch: int, validation_freq: Union[int, Sequence[int]]) -> bool:
+    """Whether ``epoch`` (1-based) is validated: every n-th (Keras's n, 2n, ...), or one of those listed
+    (Keras's ``validation_freq=[1, 5, 10]``)."""
+    if isinstance(validation_freq, int):
+        return epoch % validation_freq == 0
+    return epoch in validation_freq
+
+
+def describe_validated(validation_freq: Union[int, Sequence[int]]) -> str:
+    """The validated epochs, in words: "epochs 4, 8, ..." or "epochs 1, 5, 10"."""
+    if isinstance(validation_freq, int):
+        return f"epochs {validation_freq}, {2 * validation_freq}, ..."
+    return "epochs " + ", ".join(map(str, validation_freq))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,4 +166,6 @@ __all__ = [
     "OutputSettings",
     "PredictSettings",
     "StepSettings",
+    "describe_validated",
+    "is_validated",
 ]

@@ -414,6 +414,20 @@ def test_validation_freq_larger_than_epochs_is_refused_at_the_door():
     ]
 
 
+def test_validation_freq_takes_keras_list_of_epochs():
+    model = make_model()
+    history = model.fit(*loaders(), epochs=5, validation_freq=[1, 3, 4], patience=None, verbose=0)
+    assert history["val_loss"].notna().tolist() == [True, False, True, True, False]
+    # the best weights are a validated epoch's
+    assert model.evaluate(loaders()[1], verbose=0)["val_loss"] == pytest.approx(history["val_loss"].min(), rel=1e-5)
+    before = [p.clone() for p in model.net.parameters()]
+    with pytest.raises(ValueError, match=r"validation_freq=\[0\]: a list names the epochs to validate, 1-based"):
+        model.fit(*loaders(), epochs=2, validation_freq=[0], verbose=0)
+    with pytest.raises(ValueError, match=r"validation_freq=\[6\] with epochs=5: no epoch is validated"):
+        model.fit(*loaders(), epochs=5, validation_freq=[6], verbose=0)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.net.parameters()))
+
+
 # -- 15. messages that name what the user did ---------------------------------------------------
 
 

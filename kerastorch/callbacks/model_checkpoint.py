@@ -9,6 +9,7 @@ from typing import Any, Optional, Union
 from ..checks.values import check_real_number, check_verbose, check_whole_number
 from ..files.background import BackgroundWriter
 from ..files.weights import check_writable, save_weights
+from ..settings import describe_validated, is_validated
 from ..strategies import strategy_of, whole_weights_on_main
 from .monitor import MonitorCallback
 
@@ -181,15 +182,22 @@ class ModelCheckpoint(MonitorCallback):
                 f"ModelCheckpoint filepath {self.filepath!r} names {', '.join(map(repr, unknown))}, {why} or any of: "
                 f"{', '.join(known)}."
             )
-        every = self.params.get("validation_freq") or 1
+        validation_freq = self.params.get("validation_freq") or 1
         unvalidated = [f for f in self.fields if f.startswith("val_")]
         writes_unvalidated = not (self.save_best_only and self.monitor.startswith("val_"))
-        if unvalidated and not by_batch and writes_unvalidated and self.every_n_epochs % every:
+        written = range(self.every_n_epochs, (self.params.get("epochs") or 0) + 1, self.every_n_epochs)
+        if (
+            unvalidated
+            and not by_batch
+            and writes_unvalidated
+            and any(not is_validated(epoch, validation_freq) for epoch in written)
+        ):
+            every = "every epoch" if self.every_n_epochs == 1 else f"every {self.every_n_epochs} epochs"
+            instead = f"every_n_epochs={validation_freq}, " if isinstance(validation_freq, int) else ""
             raise ValueError(
                 f"ModelCheckpoint filepath {self.filepath!r} names {', '.join(map(repr, unvalidated))}, which only the "
-                f"validated epochs log (validation_freq={every}: epochs {every}, {2 * every}, ...), and it writes "
-                f"{'every epoch' if self.every_n_epochs == 1 else f'every {self.every_n_epochs} epochs'}. Pass "
-                f"every_n_epochs={every}, or save_best_only=True with a val_ monitor, or drop the val_ fields."
+                f"validated epochs log ({describe_validated(validation_freq)}), and it writes {every}. Pass "
+                f"{instead}save_best_only=True with a val_ monitor, or drop the val_ fields."
             )
         if "batch" in self.fields and not by_batch:
             raise ValueError(

@@ -9,7 +9,7 @@ accumulation, the optimizer step and its hooks — is :mod:`kerastorch.training.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
@@ -18,6 +18,7 @@ from ..data.batches import OutputRows, batch_size_of, split_sample_weight, to_ho
 from ..data.loaders import FirstBatches
 from ..data.peek import FirstPass, num_batches
 from ..devices.runtime import Runtime
+from ..settings import is_validated
 from .meters import EpochMeters, StepLogs
 from .modes import eval_mode
 from .position import RunPosition
@@ -37,7 +38,7 @@ def fit_loop(
     epochs: int,
     history: list[dict],
     first_epoch: int = 1,
-    validation_freq: int = 1,
+    validation_freq: Union[int, tuple[int, ...]] = 1,
     position: Optional[RunPosition] = None,
     preemption: Optional[Preemption] = None,
 ) -> None:
@@ -45,7 +46,8 @@ def fit_loop(
 
     ``stages`` trains and validates an epoch: fit's own (:class:`FitEpochs`), or a torchkeras
     program's StepRunner (:class:`~kerastorch.compat.runners.RunnerEpochs`).
-    Validation runs every ``validation_freq`` epochs (Keras's rule: epochs n, 2n, ...); the
+    Validation runs every ``validation_freq`` epochs (Keras's rule: epochs n, 2n, ...; or, for a tuple,
+    the epochs listed); the
     logs of the other epochs have no ``val_*`` values, so the callbacks that watch one skip them.
     ``position`` says which epoch runs (and, resumed, where it goes on); ``preemption`` stops the
     run at the end of an epoch during which a preemption signal came between batches.
@@ -55,7 +57,7 @@ def fit_loop(
         callbacks.call("on_epoch_begin", epoch, {})
         lr = position.begin_epoch(epoch, current_lr(model.optimizer))
         train_logs = stages.train(train_loader)
-        validate = val_loader is not None and epoch % validation_freq == 0
+        validate = val_loader is not None and is_validated(epoch, validation_freq)
         val_logs = stages.validate(val_loader) if validate else {}
         logs = {"epoch": epoch, **train_logs, "lr": lr, **val_logs}
         stages.end_epoch(logs)  # before the row joins the history: a failure here keeps the epoch out of it

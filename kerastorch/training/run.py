@@ -535,7 +535,7 @@ def callbacks_for_fit(
         "metrics": columns,
         "train_data": train_loader,
         "ckpt_path": watch.ckpt_path,
-        "validation_freq": settings.data.validation_freq,  # the epochs n, 2n, ... are validated (and log val_*)
+        "validation_freq": settings.data.validation_freq,  # the epochs validated (and logging val_*): n, 2n, ... or those listed
         # Whether files (ckpt_path, a ModelCheckpoint's, the training state) may be written while training
         # goes on: no code of the user's that may read them runs before fit has waited for them.
         "write_while_training": write_while_training,
