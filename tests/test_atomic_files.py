@@ -50,3 +50,23 @@ def test_a_replaced_file_keeps_its_mode(loaders, tmp_path, umask_027):
     sgd_model(make_mlp()).fit(dl_train, dl_val, epochs=1, verbose=0, ckpt_path=ckpt)
     assert os.path.getsize(ckpt) > 0
     assert oct(mode_of(ckpt)) == oct(0o664)
+
+
+def test_a_run_removes_the_temporary_files_a_killed_write_left_beside_its_files(loaders, tmp_path):
+    """A ``kill -9`` in the middle of a write leaves ``.<name>.<random>.tmp`` as large as the file;
+    the next run that writes there removes it, also without ``resume``."""
+    dl_train, dl_val = loaders
+    left = [".best.pt.0f3a9c2e.tmp", ".e7-0.31.pt.77aa01bc.tmp", ".last.pt.1234abcd.tmp"]
+    kept = [".best.pt.notes", ".other.pt.0f3a9c2e.tmp", "e7-0.31.pt"]  # not a write of these paths
+    for name in left + kept:
+        (tmp_path / name).write_bytes(b"\0" * 1000)
+    callbacks = [
+        kt.callbacks.ModelCheckpoint(str(tmp_path / "e{epoch}-{val_loss:.2f}.pt")),
+        kt.callbacks.ModelCheckpoint(str(tmp_path / "last.pt")),
+    ]
+    sgd_model(make_mlp()).fit(
+        dl_train, dl_val, epochs=1, verbose=0, ckpt_path=tmp_path / "best.pt", callbacks=callbacks
+    )
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert not set(left) & set(names)
+    assert set(kept) <= set(names)

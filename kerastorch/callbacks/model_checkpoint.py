@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import string
 from typing import Any, Optional, Union
 
 from ..checks.values import check_real_number, check_verbose, check_whole_number
+from ..files.atomic import remove_stale_temporary_files
 from ..files.background import BackgroundWriter
 from ..files.weights import check_writable, save_weights
 from ..strategies import strategy_of, whole_weights_on_main
@@ -152,6 +154,7 @@ class ModelCheckpoint(MonitorCallback):
             self.check_monitor_is_logged()
         if self.model.is_main_process:
             check_writable(os.path.join(self.folder, "checkpoint.safetensors"))
+            self.remove_stale_temporary_files()
         self.check_template()
         if self.batches_per_save and self.save_best_only and strategy_of(self.model).gathers_together:
             # Between batches only the main process knows its running value, but every process must gather.
@@ -160,6 +163,18 @@ class ModelCheckpoint(MonitorCallback):
                 f"running values, and this run's strategy ({strategy_of(self.model)!r}) gathers the weights on every "
                 "process: pass save_freq='epoch', or save_best_only=False."
             )
+
+    def remove_stale_temporary_files(self) -> None:
+        """The temporary files that a run killed while writing one of this callback's files left (for a
+        template, of any name it can produce: its fields match anything)."""
+        folder, name = os.path.split(self.filepath)
+        if "{" in folder:  # the folder itself varies: nowhere fixed to look
+            return
+        name_glob = "".join(
+            glob.escape(literal) + ("*" if field is not None else "")
+            for literal, field, _, _ in string.Formatter().parse(name)
+        )
+        remove_stale_temporary_files(self.filepath, name_glob)
 
     def check_template(self) -> None:
         """Fail before the first batch when ``filepath`` (or ``monitor``, with ``save_freq=N``) names a

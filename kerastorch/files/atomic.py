@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import secrets
 import stat
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 
 @contextlib.contextmanager
@@ -74,4 +75,16 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
         write(tmp)
 
 
-__all__ = ["atomic_path", "atomic_write"]
+def remove_stale_temporary_files(path: str | os.PathLike, name_glob: Optional[str] = None) -> None:
+    """Remove the temporary files that writes killed halfway left beside ``path``; with ``name_glob``
+    (a pattern of file names, for a template's files), those of every name it matches in ``path``'s
+    folder. Called by the main process before a run writes there, so that a kill's leftovers (as
+    large as the file) do not pile up."""
+    folder, name = os.path.split(os.path.realpath(os.fspath(path)))  # beside the target, as atomic_path writes
+    names = glob.escape(name) if name_glob is None else name_glob
+    for stale in glob.glob(os.path.join(glob.escape(folder), "." + names + ".*.tmp")):
+        with contextlib.suppress(OSError):
+            os.remove(stale)
+
+
+__all__ = ["atomic_path", "atomic_write", "remove_stale_temporary_files"]
