@@ -10,7 +10,8 @@ from typing import Any, Optional, Union
 from ..checks.values import check_real_number, check_verbose, check_whole_number
 from ..files.atomic import remove_stale_temporary_files
 from ..files.background import BackgroundWriter
-from ..files.weights import check_writable, save_weights
+from ..files.weights import save_weights
+from ..files.writable import check_folder_writable, check_not_a_folder
 from ..strategies import strategy_of, whole_weights_on_main
 from .monitor import MonitorCallback
 
@@ -108,6 +109,9 @@ class ModelCheckpoint(MonitorCallback):
                 f"filepath must be a path like 'ckpt/epoch{{epoch}}.safetensors'; got a {type(filepath).__name__}."
             )
         self.filepath = os.fspath(filepath)
+        check_not_a_folder(
+            self.filepath, f"ModelCheckpoint filepath {self.filepath!r}", "'ckpt/epoch{epoch}.safetensors'"
+        )
         self.fields = template_fields(self.filepath)
         self.verbose = check_verbose(verbose, KERAS_ORDER)
         for name, value in (("save_best_only", save_best_only), ("save_weights_only", save_weights_only)):
@@ -153,7 +157,11 @@ class ModelCheckpoint(MonitorCallback):
         if self.save_best_only:
             self.check_monitor_is_logged()
         if self.model.is_main_process:
-            check_writable(os.path.join(self.folder, "checkpoint.safetensors"))
+            check_folder_writable(
+                os.path.join(self.folder, "checkpoint.safetensors"),
+                f"ModelCheckpoint filepath {self.filepath!r}",
+                "ModelCheckpoint('ckpt/epoch{epoch}.safetensors')",
+            )
             self.remove_stale_temporary_files()
         self.check_template()
         if self.batches_per_save and self.save_best_only and strategy_of(self.model).gathers_together:
