@@ -186,7 +186,8 @@ class ModelCheckpoint(MonitorCallback):
 
     def check_template(self) -> None:
         """Fail before the first batch when ``filepath`` (or ``monitor``, with ``save_freq=N``) names a
-        value that will not be there when a file is written."""
+        value that will not be there when a file is written, or formats one in a way it cannot be."""
+        self.check_formats()
         names = self.params.get("metrics")
         if names is None:  # known only after an epoch (a program's own EpochRunner)
             return
@@ -225,6 +226,19 @@ class ModelCheckpoint(MonitorCallback):
                 f"every {self.save_freq} batches, but during an epoch only the running training values are "
                 f"known: monitor one of {', '.join(known)}, or pass save_freq='epoch'."
             )
+
+    def check_formats(self) -> None:
+        """Format ``filepath`` as a write would, with a whole number for ``{epoch}`` and ``{batch}`` and a
+        float for every logged value: a spec such as ``{val_loss:02d}`` fails here, not after an epoch."""
+        sample = {f: 0.5 for f in self.fields}
+        try:
+            self.filepath.format(**{**sample, "epoch": 1, "batch": 1})
+        except (ValueError, TypeError) as error:
+            raise ValueError(
+                f"ModelCheckpoint filepath {self.filepath!r} cannot be formatted ({error}): {{epoch}} and {{batch}} "
+                "are whole numbers, every logged value a float. Give the values a float format such as "
+                "{val_loss:.3f}, and the numbers one such as {epoch:02d}."
+            ) from None
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
