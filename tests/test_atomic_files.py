@@ -1,11 +1,13 @@
 """The files kerastorch writes atomically (best weights, training states, ModelCheckpoint files,
-``save_ckpt``) come out as a plain ``open`` would make them, and a write the run was stopped in
-leaves nothing behind for long."""
+``save_ckpt``) come out as a plain ``open`` would make them, a write the run was killed in leaves
+nothing behind for long, and a Ctrl-C waits until the file is whole."""
 
 from __future__ import annotations
 
 import os
+import signal
 import stat
+import threading
 
 import pytest
 import torch
@@ -13,6 +15,9 @@ from torch import nn
 
 import kerastorch as kt
 from conftest import make_mlp
+from kerastorch.files import state as state_files
+from kerastorch.files.atomic import atomic_write
+from kerastorch.files.state import load_state_file
 
 
 def sgd_model(net):
@@ -70,3 +75,62 @@ def test_a_run_removes_the_temporary_files_a_killed_write_left_beside_its_files(
     names = sorted(p.name for p in tmp_path.iterdir())
     assert not set(left) & set(names)
     assert set(kept) <= set(names)
+
+
+def test_a_ctrl_c_during_the_training_states_write_keeps_the_state_of_the_finished_epoch(
+    loaders, tmp_path, monkeypatch
+):
+    """With a callback of yours, the state is written on the training thread; a Ctrl-C (a real SIGINT)
+    that arrives while it is half written is acted on once the file is whole: fit returns the finished
+    epoch, and the next run goes on after it."""
+    dl_train, dl_val = loaders
+    ckpt = tmp_path / "best.safetensors"
+    real_atomic_write, interrupted = state_files.atomic_write, []
+
+    def ctrl_c_in_the_middle(path, write):
+        def write_after_a_ctrl_c(tmp):
+            if not interrupted:
+                assert threading.current_thread() is threading.main_thread()
+                interrupted.append(path)
+                os.kill(os.getpid(), signal.SIGINT)  # Python's handler raises KeyboardInterrupt at once
+            write(tmp)
+
+        real_atomic_write(path, write_after_a_ctrl_c)
+
+    monkeypatch.setattr(state_files, "atomic_write", ctrl_c_in_the_middle)
+    yours = kt.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: None)
+    history = sgd_model(make_mlp()).fit(
+        dl_train, dl_val, epochs=3, verbose=0, ckpt_path=ckpt, resume=True, callbacks=[yours]
+    )
+    assert interrupted == [str(ckpt) + ".state"]
+    assert len(history) == 1  # stopped by the Ctrl-C, after the write
+    assert load_state_file(str(ckpt) + ".state")["epoch"] == 1
+    assert not list(tmp_path.glob(".*.tmp"))
+
+    monkeypatch.setattr(state_files, "atomic_write", real_atomic_write)
+    trained = []
+    counter = kt.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: trained.append(epoch))
+    history = sgd_model(make_mlp()).fit(
+        dl_train, dl_val, epochs=2, verbose=0, ckpt_path=ckpt, resume=True, callbacks=[counter]
+    )
+    assert trained == [2]
+    assert history["epoch"].tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_a_ctrl_c_during_a_write_is_raised_once_the_file_is_whole_and_a_second_one_at_once(tmp_path, presses):
+    path = tmp_path / "weights.pt"
+    path.write_bytes(b"previous")
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(b"half")
+            for _ in range(presses):
+                os.kill(os.getpid(), signal.SIGINT)
+            f.write(b" and the rest")
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(path, write)
+    assert path.read_bytes() == (b"half and the rest" if presses == 1 else b"previous")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["weights.pt"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handler is back

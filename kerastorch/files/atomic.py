@@ -9,6 +9,8 @@ import secrets
 import stat
 from typing import Callable, Iterator, Optional
 
+from .uninterrupted import ctrl_c_after_the_write
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[str]:
@@ -16,29 +18,31 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
 
     A ``path`` that is a symbolic link is written through to the link's target (the link stays).
     The file gets the mode of the file it replaces, or else the one ``open(path, "w")`` would give.
+    A Ctrl-C on the main thread is acted on once the file is whole (:mod:`.uninterrupted`).
     """
     path = os.path.realpath(os.fspath(path))
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    tmp, mode = _create_temporary_file(path)
-    try:
-        yield tmp
-        # A writer may have put its own file there (safetensors writes one with mode 0600 and renames
-        # it onto ``tmp``): the final file gets the mode chosen here all the same.
-        if stat.S_IMODE(os.stat(tmp).st_mode) != mode:
-            os.chmod(tmp, mode)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        with contextlib.suppress(OSError):  # make the rename itself durable
-            dir_fd = os.open(folder, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with ctrl_c_after_the_write():
+        tmp, mode = _create_temporary_file(path)
+        try:
+            yield tmp
+            # A writer may have put its own file there (safetensors writes one with mode 0600 and renames
+            # it onto ``tmp``): the final file gets the mode chosen here all the same.
+            if stat.S_IMODE(os.stat(tmp).st_mode) != mode:
+                os.chmod(tmp, mode)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            with contextlib.suppress(OSError):  # make the rename itself durable
+                dir_fd = os.open(folder, os.O_RDONLY)
+                try:
+                    os.fsync(dir_fd)
+                finally:
+                    os.close(dir_fd)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
 
 
 def _create_temporary_file(path: str) -> tuple[str, int]:
