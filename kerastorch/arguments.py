@@ -37,7 +37,7 @@ from .compat.runners import program_runners
 from .data.forms import EvalData, FitData, keras_positional
 from .data.sample_weights import check_sample_weight
 from .devices.words import parse_accelerator_word, parse_precision
-from .files.weights import check_writable
+from .files.writable import check_writable
 from .settings import (
     AUTO,
     DEFAULT_PATIENCE,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..files.writable import check_folder_writable
 from .training_state import SaveFreq, TrainingState
 
 STATE_FILE = "training.state"
@@ -57,6 +58,13 @@ class BackupAndRestore(TrainingState):
         self.backup_dir = os.fspath(backup_dir)
         self.delete_checkpoint = delete_checkpoint
         self.removes_when_done = delete_checkpoint
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        if self.model.is_main_process:  # before the first batch, not at the first backup
+            check_folder_writable(
+                self.path, f"BackupAndRestore(backup_dir={self.backup_dir!r})", "BackupAndRestore('backup')"
+            )
+        super().on_train_begin(logs)
 
     def on_train_end(self, logs: Any = None) -> None:
         super().on_train_end(logs)

@@ -7,6 +7,7 @@ import os
 from typing import IO, Optional, Union
 
 from ..files.atomic import atomic_write
+from ..files.writable import check_folder_writable, check_not_a_folder
 from .base import Callback
 
 
@@ -42,8 +43,8 @@ class CSVLogger(Callback):
 
     def on_train_begin(self, logs=None):
         self._columns = None
-        if os.path.isdir(self.filename):
-            raise ValueError(f"CSVLogger filename {self.filename!r} is a folder; give a file path like 'history.csv'.")
+        if self.model.is_main_process:  # the one that writes: its file is checked before the first batch
+            self._check_writable()
         if self.append:
             self._columns = self._existing_header()
             names = self.params.get("metrics")
@@ -68,6 +69,21 @@ class CSVLogger(Callback):
         if self._file is not None:
             self._file.close()
         self._file, self._writer = None, None
+
+    def _check_writable(self) -> None:
+        what, example = f"CSVLogger filename {self.filename!r}", "CSVLogger('logs/history.csv')"
+        check_not_a_folder(self.filename, what, example)
+        if not (self.append and os.path.isfile(self.filename)):
+            check_folder_writable(self.filename, what, example)
+            return
+        try:  # appended to, the file itself must take rows (its folder may be read-only)
+            with open(self.filename, "a", encoding="utf-8"):
+                pass
+        except OSError as error:
+            raise ValueError(
+                f"{what} cannot be appended to ({error.strerror}). Make it writable, or log to another file, "
+                f"e.g. {example}."
+            ) from None
 
     def _open(self, columns: list[str]) -> None:
         folder = os.path.dirname(os.path.abspath(self.filename))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Union
 
+from ..files.atomic import remove_stale_temporary_files
 from ..files.background import BackgroundWriter
 from ..files.weights import save_weights
 from ..strategies import strategy_of
@@ -45,7 +46,10 @@ class KeptWeights:
         self._writer = BackgroundWriter("kerastorch-kept-weights")  # writes the file from ``weights``
 
     def begin(self, model: Any) -> None:
-        """Hold the weights from before training: the fallback until an epoch's are kept."""
+        """Hold the weights from before training: the fallback until an epoch's are kept. A temporary
+        file that a run killed while writing ``ckpt_path`` left beside it goes, whatever ``resume`` says."""
+        if self.ckpt_path and model.is_main_process:
+            remove_stale_temporary_files(self.ckpt_path)
         self.initial, self.weights = strategy_of(model).whole_weights(model.net), None
 
     def keep(self, model: Any) -> None:

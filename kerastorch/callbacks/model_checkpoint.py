@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import string
 from typing import Any, Optional, Union
 
 from ..checks.values import check_real_number, check_verbose, check_whole_number
+from ..files.atomic import remove_stale_temporary_files
 from ..files.background import BackgroundWriter
-from ..files.weights import check_writable, save_weights
+from ..files.weights import save_weights
+from ..files.writable import check_folder_writable, check_not_a_folder
 from ..settings import describe_validated, is_validated
 from ..strategies import strategy_of, whole_weights_on_main
 from .monitor import MonitorCallback
@@ -107,6 +110,9 @@ class ModelCheckpoint(MonitorCallback):
                 f"filepath must be a path like 'ckpt/epoch{{epoch}}.safetensors'; got a {type(filepath).__name__}."
             )
         self.filepath = os.fspath(filepath)
+        check_not_a_folder(
+            self.filepath, f"ModelCheckpoint filepath {self.filepath!r}", "'ckpt/epoch{epoch}.safetensors'"
+        )
         self.fields = template_fields(self.filepath)
         self.verbose = check_verbose(verbose, KERAS_ORDER)
         for name, value in (("save_best_only", save_best_only), ("save_weights_only", save_weights_only)):
@@ -152,7 +158,12 @@ class ModelCheckpoint(MonitorCallback):
         if self.save_best_only:
             self.check_monitor_is_logged()
         if self.model.is_main_process:
-            check_writable(os.path.join(self.folder, "checkpoint.safetensors"))
+            check_folder_writable(
+                os.path.join(self.folder, "checkpoint.safetensors"),
+                f"ModelCheckpoint filepath {self.filepath!r}",
+                "ModelCheckpoint('ckpt/epoch{epoch}.safetensors')",
+            )
+            self.remove_stale_temporary_files()
         self.check_template()
         if self.batches_per_save and self.save_best_only and strategy_of(self.model).gathers_together:
             # Between batches only the main process knows its running value, but every process must gather.
@@ -162,9 +173,22 @@ class ModelCheckpoint(MonitorCallback):
                 "process: pass save_freq='epoch', or save_best_only=False."
             )
 
+    def remove_stale_temporary_files(self) -> None:
+        """The temporary files that a run killed while writing one of this callback's files left (for a
+        template, of any name it can produce: its fields match anything)."""
+        folder, name = os.path.split(self.filepath)
+        if "{" in folder:  # the folder itself varies: nowhere fixed to look
+            return
+        name_glob = "".join(
+            glob.escape(literal) + ("*" if field is not None else "")
+            for literal, field, _, _ in string.Formatter().parse(name)
+        )
+        remove_stale_temporary_files(self.filepath, name_glob)
+
     def check_template(self) -> None:
         """Fail before the first batch when ``filepath`` (or ``monitor``, with ``save_freq=N``) names a
-        value that will not be there when a file is written."""
+        value that will not be there when a file is written, or formats one in a way it cannot be."""
+        self.check_formats()
         names = self.params.get("metrics")
         if names is None:  # known only after an epoch (a program's own EpochRunner)
             return
@@ -210,6 +234,19 @@ class ModelCheckpoint(MonitorCallback):
                 f"every {self.save_freq} batches, but during an epoch only the running training values are "
                 f"known: monitor one of {', '.join(known)}, or pass save_freq='epoch'."
             )
+
+    def check_formats(self) -> None:
+        """Format ``filepath`` as a write would, with a whole number for ``{epoch}`` and ``{batch}`` and a
+        float for every logged value: a spec such as ``{val_loss:02d}`` fails here, not after an epoch."""
+        sample = {f: 0.5 for f in self.fields}
+        try:
+            self.filepath.format(**{**sample, "epoch": 1, "batch": 1})
+        except (ValueError, TypeError) as error:
+            raise ValueError(
+                f"ModelCheckpoint filepath {self.filepath!r} cannot be formatted ({error}): {{epoch}} and {{batch}} "
+                "are whole numbers, every logged value a float. Give the values a float format such as "
+                "{val_loss:.3f}, and the numbers one such as {epoch:02d}."
+            ) from None
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch

@@ -44,7 +44,6 @@ Example::
 
 from __future__ import annotations
 
-import glob
 import math
 import os
 from typing import Any, Iterable, Optional, Union
@@ -54,6 +53,7 @@ import torch
 from ..data.loaders import EpochSteps
 from ..data.resumable import resumable_inside
 from ..devices.main_process import read_on_main_process
+from ..files.atomic import remove_stale_temporary_files
 from ..files.background import BackgroundWriter
 from ..files.host_memory import copy_too_large, host_tensor_bytes
 from ..files.state import load_state_file, to_plain, write_plain_state
@@ -155,10 +155,9 @@ class TrainingState(Callback):
         self._since_save, self._saved_at = 0, None
         self._said_written_in_loop = False
         if self.model.is_main_process:
-            # A run killed in the middle of a write leaves a temporary file beside the state
-            # and beside the best weights (PATH for PATH.state); the real files are whole.
+            # A run killed in the middle of a write leaves a temporary file beside the state; the
+            # real file is whole. (Those beside ckpt_path go in KeptWeights.begin, every run.)
             remove_stale_temporary_files(self.path)
-            remove_stale_temporary_files(self.path.removesuffix(".state"))
         self.check_serializable()
         state = read_on_main_process(self.path, load_state_file) if self.resume else None  # rank 0's file, for all
         if state is not None:
@@ -549,16 +548,6 @@ def resumed_history(callbacks: Iterable[Any]) -> list[dict]:
 def training_states_in(callbacks: Iterable[Any]) -> list[TrainingState]:
     """The training states among ``callbacks`` (``fit(resume=True)``'s, a BackupAndRestore)."""
     return [cb for cb in callbacks if isinstance(cb, TrainingState)]
-
-
-def remove_stale_temporary_files(path: str) -> None:
-    """Remove temporary files that a run killed in the middle of a write left beside ``path``."""
-    folder, name = os.path.split(os.path.abspath(path))
-    for stale in glob.glob(os.path.join(glob.escape(folder), "." + glob.escape(name) + ".*.tmp")):
-        try:
-            os.remove(stale)
-        except OSError:
-            pass
 
 
 # -- a loss that is a module: its learned parameters and buffers ----------------------------------

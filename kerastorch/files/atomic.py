@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
-import tempfile
-from typing import Callable, Iterator
+import secrets
+import stat
+from typing import Callable, Iterator, Optional
+
+from .uninterrupted import ctrl_c_after_the_write
 
 
 @contextlib.contextmanager
@@ -13,26 +17,61 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     """Yield a temporary path beside ``path``; on success it is fsynced and renamed onto ``path``.
 
     A ``path`` that is a symbolic link is written through to the link's target (the link stays).
+    The file gets the mode of the file it replaces, or else the one ``open(path, "w")`` would give.
+    A Ctrl-C on the main thread is acted on once the file is whole (:mod:`.uninterrupted`).
     """
     path = os.path.realpath(os.fspath(path))
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
-    os.close(fd)
+    with ctrl_c_after_the_write():
+        tmp, mode = _create_temporary_file(path)
+        try:
+            yield tmp
+            # A writer may have put its own file there (safetensors writes one with mode 0600 and renames
+            # it onto ``tmp``): the final file gets the mode chosen here all the same.
+            if stat.S_IMODE(os.stat(tmp).st_mode) != mode:
+                os.chmod(tmp, mode)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            with contextlib.suppress(OSError):  # make the rename itself durable
+                dir_fd = os.open(folder, os.O_RDONLY)
+                try:
+                    os.fsync(dir_fd)
+                finally:
+                    os.close(dir_fd)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+
+def _create_temporary_file(path: str) -> tuple[str, int]:
+    """An empty ``.<name>.<random>.tmp`` beside ``path``, and the mode the final file gets.
+
+    Not ``tempfile.mkstemp``: its files are 0600, so every checkpoint would end up unreadable to the
+    group and others whatever the umask (``torch.save`` gives 0644 under umask 022). Created with
+    0666, the kernel applies the umask (and a folder's default ACL) as for a plain ``open``; a file
+    being replaced passes on its own mode instead, as editors do (a group-shared 0664 stays 0664).
+    """
     try:
-        yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        with contextlib.suppress(OSError):  # make the rename itself durable
-            dir_fd = os.open(folder, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        kept_mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        kept_mode = None
+    folder, name = os.path.split(path)
+    while True:
+        tmp = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.tmp")
+        try:
+            # Never wider than the file it replaces, even for a moment (the umask only narrows).
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if kept_mode is None else kept_mode)
+        except FileExistsError:
+            continue
+        try:
+            if kept_mode is not None:
+                os.fchmod(fd, kept_mode)  # the bits the umask took away
+            mode = stat.S_IMODE(os.fstat(fd).st_mode)  # the umask's (and an ACL's) result, read back
+        finally:
+            os.close(fd)
+        return tmp, mode
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
@@ -40,4 +79,16 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
         write(tmp)
 
 
-__all__ = ["atomic_path", "atomic_write"]
+def remove_stale_temporary_files(path: str | os.PathLike, name_glob: Optional[str] = None) -> None:
+    """Remove the temporary files that writes killed halfway left beside ``path``; with ``name_glob``
+    (a pattern of file names, for a template's files), those of every name it matches in ``path``'s
+    folder. Called by the main process before a run writes there, so that a kill's leftovers (as
+    large as the file) do not pile up."""
+    folder, name = os.path.split(os.path.realpath(os.fspath(path)))  # beside the target, as atomic_path writes
+    names = glob.escape(name) if name_glob is None else name_glob
+    for stale in glob.glob(os.path.join(glob.escape(folder), "." + names + ".*.tmp")):
+        with contextlib.suppress(OSError):
+            os.remove(stale)
+
+
+__all__ = ["atomic_path", "atomic_write", "remove_stale_temporary_files"]

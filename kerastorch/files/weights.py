@@ -11,9 +11,8 @@ safetensors files and, for files made with ``torch.save(net.state_dict())``,
 
 from __future__ import annotations
 
-import contextlib
 import os
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -126,47 +125,3 @@ def _refusal_reason(error: Exception) -> str:
     if lines and lines[0].startswith("Weights only load failed"):
         return "it holds something other than plain tensors and numbers"
     return lines[0].split(". ")[0].rstrip(".") if lines else f"{type(error).__name__} (is the file empty or cut short?)"
-
-
-def check_writable(ckpt_path) -> None:
-    if not isinstance(ckpt_path, (str, os.PathLike)):
-        raise TypeError(
-            f"ckpt_path={ckpt_path!r} must be a file path (a str or pathlib.Path) like 'runs/best.safetensors'."
-        )
-    path = os.path.abspath(os.fspath(ckpt_path))
-    if os.path.isdir(path):
-        raise ValueError(
-            f"ckpt_path={os.fspath(ckpt_path)!r} is a folder; give a file path like 'checkpoint.safetensors'."
-        )
-    folder = os.path.dirname(path)
-    probe = None
-    try:
-        os.makedirs(folder, exist_ok=True)
-        probe = os.path.join(folder, f".kerastorch-write-test-{os.getpid()}")
-        with open(probe, "wb") as f:
-            f.write(b"")
-    except OSError as error:
-        blocker = _file_in_the_way(folder)
-        why = (
-            f"{blocker!r} is a file, so it cannot hold a folder"
-            if blocker
-            else f"its folder {folder!r} cannot be written ({error.strerror})"
-        )
-        raise ValueError(
-            f"ckpt_path={os.fspath(ckpt_path)!r} cannot be written: {why}. Choose a path in a folder you "
-            "can write to, e.g. ckpt_path='runs/best.safetensors'."
-        ) from None
-    finally:
-        if probe is not None:
-            with contextlib.suppress(OSError):
-                os.remove(probe)
-
-
-def _file_in_the_way(folder: str) -> Optional[str]:
-    """The nearest existing ancestor of ``folder``, if it is a file rather than a folder."""
-    while folder and not os.path.exists(folder):
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            return None
-        folder = parent
-    return folder if os.path.isfile(folder) else None
