@@ -263,3 +263,74 @@ def test_a_bad_metric_is_refused_when_the_model_is_built(metrics_dict, message):
     net = nn.Linear(4, 3)
     with pytest.raises(TypeError, match=message):
         kt.KerasModel(net, nn.CrossEntropyLoss(), metrics_dict, torch.optim.SGD(net.parameters(), lr=0.1))
+
+
+# -- the first batch fails in torch: the message names the cause, not the place of the labels ------------
+
+
+def embedding_then_linear() -> nn.Module:
+    return nn.Sequential(nn.Embedding(10, 2), nn.Flatten(), nn.Linear(8, 3))
+
+
+@pytest.mark.parametrize(
+    "train_data, net, said",
+    [
+        (
+            loader(X, Y.float()),
+            None,
+            [
+                "but got Float. kerastorch called net(batch[0])",
+                "The labels are float32 class ids (",
+                "y.long() for tensors or y.astype('int64') for NumPy and pandas",
+            ],
+        ),
+        (loader(X, Y > 0), None, ["The labels are bool (True/False)", "y.long()"]),
+        (
+            loader(X, Y.float() / 4),
+            None,
+            ["float32 numbers that are not whole (", "a regression loss, e.g. nn.MSELoss()"],
+        ),
+        (
+            loader(X, Y[:, None]),
+            None,
+            [
+                "The labels have shape (8, 1), but CrossEntropyLoss takes one class id per sample, shape (8,)",
+                "y.squeeze(1)",
+            ],
+        ),
+        (
+            loader((X * 10).long(), Y),
+            None,
+            [
+                "but got Long and Float. kerastorch",
+                "The inputs are int64 but the net's weights are float32",
+                "X.astype('float32')",
+            ],
+        ),
+        # Token ids into an embedding are right: something else failed, and where the labels are may be it.
+        (loader(torch.randint(0, 10, (32, 5)), Y), embedding_then_linear, ["labels_at=0"]),
+    ],
+    ids=[
+        "float class ids",
+        "bool labels",
+        "fractions for CrossEntropyLoss",
+        "labels (N, 1)",
+        "integer features",
+        "embedding",
+    ],
+)
+def test_a_first_batch_that_fails_in_torch_says_the_cause_and_the_fix(train_data, net, said):
+    if net is None:
+        model = make_model()
+    else:
+        built = net()
+        model = kt.KerasModel(built, nn.CrossEntropyLoss(), {"acc": accuracy}, torch.optim.SGD(built.parameters(), 0.1))
+    before = {k: v.clone() for k, v in model.net.state_dict().items()}
+    with pytest.raises(RuntimeError) as caught:
+        model.fit(train_data, epochs=1, verbose=0)
+    message = str(caught.value)
+    for words in said:
+        assert words in message, message
+    assert ("labels_at" in message) == (net is not None), message  # the place of the labels is not the cause
+    assert all(torch.equal(before[k], v) for k, v in model.net.state_dict().items())
+    assert not model.optimizer.state
