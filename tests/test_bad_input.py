@@ -169,6 +169,13 @@ CASES = [
         id="optimizer of another net",
     ),
     pytest.param(
+        fit_with({"optimizer": lambda net: torch.optim.SGD(net.requires_grad_(False).parameters(), lr=0.1)}),
+        ValueError,
+        r"No parameter of the net requires grad: all 6 are frozen \(requires_grad=False\).*Unfreeze the ones to "
+        r"train.*torch\.optim\.Adam\(\[p for p in net\.parameters\(\) if p\.requires_grad\], lr=1e-3\)",
+        id="frozen net",
+    ),
+    pytest.param(
         fit_with({"lr_scheduler": lambda net: torch.optim.lr_scheduler.StepLR}),
         TypeError,
         r"lr_scheduler is the class StepLR, not a scheduler",
