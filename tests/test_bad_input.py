@@ -99,6 +99,12 @@ CASES = [
         id="empty DataLoader",
     ),
     pytest.param(
+        fit_with(train_data=TensorDataset(X[:0], Y[:0])),
+        ValueError,
+        r"train_data is empty \(a TensorDataset of 0 samples\)\. Check how the dataset was built: its len\(\) is 0",
+        id="empty Dataset",
+    ),
+    pytest.param(
         fit_with(val_data=loader(X[:4], Y[:4], drop_last=True)),
         ValueError,
         r"val_data is empty \(0 batches\)",

@@ -155,6 +155,14 @@ class MapDataset(DataForm):
                 f"{self.name} is a {type(self.data).__name__}; y= and sample_weight= go beside arrays, not a "
                 "Dataset. Let the Dataset return (x, y), or a dict with 'labels' and 'sample_weight'."
             )
+        if num_batches(self.data) == 0:  # len(dataset); an IterableDataset has none
+            raise ValueError(
+                empty_data_message(
+                    self.name,
+                    f"a {type(self.data).__name__} of 0 samples",
+                    "how the dataset was built: its len() is 0 (a wrong folder or file path, a filter that kept nothing?)",
+                )
+            )
         return self.data
 
 
@@ -277,7 +285,12 @@ def check_loader(data: Any, name: str) -> None:
             "torch.utils.data.DataLoader(TensorDataset(x, y), batch_size=32)."
         )
     if num_batches(data) == 0:
-        raise ValueError(f"{name} is empty (0 batches). Check the dataset's size, batch_size and drop_last.")
+        raise ValueError(empty_data_message(name, "0 batches"))
+
+
+def empty_data_message(name: str, what: str, check: str = "the dataset's size, batch_size and drop_last") -> str:
+    """What kerastorch says of data with nothing in it: a DataLoader of no batches, a Dataset of no samples."""
+    return f"{name} is empty ({what}). Check {check}."
 
 
 def keras_positional(train: Any, val: Any, y: Any) -> tuple[Any, Any]:
