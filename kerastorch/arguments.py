@@ -375,6 +375,18 @@ def steps_argument(name: str, steps: Any) -> Optional[int]:
     return steps
 
 
+def looks_like_a_path(value: Any) -> bool:
+    """A path object, or a string with a folder or a file extension in it ('best.pt', 'runs/best'), and
+    not a number ('5', '2.5')."""
+    if isinstance(value, os.PathLike):
+        return True
+    try:
+        float(value)
+        return False
+    except ValueError:
+        return "/" in value or os.sep in value or bool(os.path.splitext(value)[1])
+
+
 def monitor_arguments(
     model: Any,
     monitor: Optional[str],
@@ -393,10 +405,16 @@ def monitor_arguments(
     or the name), and what follows: early stopping (``patience="auto"``: 5 epochs, or none when
     nothing is monitored) and the best weights put back."""
     if isinstance(patience, (str, os.PathLike)) and patience != AUTO:
+        if looks_like_a_path(patience):
+            raise TypeError(
+                f"patience={patience!r} looks like a file path. fit's fourth argument is patience (Keras's "
+                "order), not the checkpoint's path. Pass it by name: fit(train_data, val_data, epochs, "
+                f"ckpt_path={os.fspath(patience)!r})."
+            )
+        number = f"patience={patience.strip()}" if patience.strip().isdigit() else "e.g. patience=5"
         raise TypeError(
-            f"patience={patience!r} looks like a file path. fit's fourth argument is patience (Keras's "
-            "order), not the checkpoint's path. Pass it by name: fit(train_data, val_data, epochs, "
-            f"ckpt_path={os.fspath(patience)!r})."
+            f"patience={patience!r} is a string, but it must be a whole number of epochs >= 0 (or patience=None "
+            f"to never stop early): {number}."
         )
     if patience is not None and patience != AUTO:
         check_whole_number("patience", patience, minimum=0, hint=" (or patience=None to never stop early)")

@@ -75,6 +75,19 @@ CASES = [
         id="patience < 0",
     ),
     pytest.param(
+        fit_with(patience="5"),
+        TypeError,
+        r"^patience='5' is a string, but it must be a whole number of epochs >= 0 \(or patience=None to never stop "
+        r"early\): patience=5\.$",
+        id="patience a string of digits, by name",
+    ),
+    pytest.param(
+        fit_with(patience="best.pt"),
+        TypeError,
+        r"patience='best\.pt' looks like a file path\..*ckpt_path='best\.pt'",
+        id="patience a path",
+    ),
+    pytest.param(
         fit_with(gradient_accumulation_steps=0),
         ValueError,
         r"gradient_accumulation_steps=0 must be a whole number >= 1",
