@@ -375,11 +375,8 @@ def steps_argument(name: str, steps: Any) -> Optional[int]:
     return steps
 
 
-def looks_like_a_path(value: Any) -> bool:
-    """A path object, or a string with a folder or a file extension in it ('best.pt', 'runs/best'), and
-    not a number ('5', '2.5')."""
-    if isinstance(value, os.PathLike):
-        return True
+def looks_like_a_path(value: str) -> bool:
+    """A string with a folder or a file extension in it ('best.pt', 'runs/best'), and not a number ('5', '2.5')."""
     try:
         float(value)
         return False
@@ -405,7 +402,7 @@ def monitor_arguments(
     or the name), and what follows: early stopping (``patience="auto"``: 5 epochs, or none when
     nothing is monitored) and the best weights put back."""
     if isinstance(patience, (str, os.PathLike)) and patience != AUTO:
-        if looks_like_a_path(patience):
+        if not isinstance(patience, str) or looks_like_a_path(patience):
             raise TypeError(
                 f"patience={patience!r} looks like a file path. fit's fourth argument is patience (Keras's "
                 "order), not the checkpoint's path. Pass it by name: fit(train_data, val_data, epochs, "
