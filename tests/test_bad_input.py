@@ -360,3 +360,18 @@ def test_a_first_batch_that_fails_in_torch_says_the_cause_and_the_fix(train_data
     assert ("labels_at" in message) == (net is not None), message  # the place of the labels is not the cause
     assert all(torch.equal(before[k], v) for k, v in model.net.state_dict().items())
     assert not model.optimizer.state
+
+
+def test_class_weight_for_a_class_at_every_pixel_points_to_the_losss_weight():
+    torch.manual_seed(0)
+    images = torch.randn(16, 1, 4, 4)
+    masks = (images[:, 0] > 0.5).long()  # (N, H, W): a class for each pixel
+    net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 1))
+    model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters()))
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    with pytest.raises(ValueError) as caught:
+        model.fit(images, masks, class_weight={0: 1.0, 1: 5.0}, epochs=1, verbose=0)
+    message = str(caught.value)
+    assert "shape (16, 4, 4): a class id for each pixel" in message, message
+    assert "nn.CrossEntropyLoss(weight=torch.tensor([" in message and "pos_weight" not in message, message
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items()) and not model.optimizer.state
