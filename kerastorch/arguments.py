@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 from .callbacks.base import Callback
-from .callbacks.monitor import auto_mode, check_mode
+from .callbacks.monitor import auto_mode_and_source, check_mode
 from .callbacks.training_state import training_state_path
 from .checks.values import check_flag, check_whole_number
 from .compat.arguments import verbose_from_quiet
@@ -441,8 +441,9 @@ def monitor_arguments(
     if program_runners(model) is None and getattr(model, "uses_default_train_step", True):
         check_monitor(monitor, metric_names, has_val)
     mode_was_auto = mode == "auto"
+    mode_source = ""
     if mode_was_auto:
-        mode = auto_mode(monitor, {**model.metrics_dict, **(weighted_metrics or {})})
+        mode, mode_source = auto_mode_and_source(monitor, {**model.metrics_dict, **(weighted_metrics or {})})
     return MonitorSettings(
         monitor,
         mode,
@@ -453,6 +454,7 @@ def monitor_arguments(
         mode_was_auto,
         restore_best_weights,
         monitor_was_auto,
+        mode_source,
     )
 
 
