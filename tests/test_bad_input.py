@@ -294,6 +294,13 @@ def test_a_bad_metric_is_refused_when_the_model_is_built(metrics_dict, message):
 # -- the first batch fails in torch: the message names the cause, not the place of the labels ------------
 
 
+class NumpyBatches:
+    """An iterable of NumPy batches of the user's own (a Keras Sequence): its batches go to the net as they are."""
+
+    def __iter__(self):
+        return iter([(X[i : i + 8].numpy(), Y[i : i + 8].numpy()) for i in range(0, 32, 8)])
+
+
 def embedding_then_linear() -> nn.Module:
     return nn.Sequential(nn.Embedding(10, 2), nn.Flatten(), nn.Linear(8, 3))
 
@@ -325,6 +332,11 @@ def embedding_then_linear() -> nn.Module:
             ],
         ),
         (
+            NumpyBatches(),
+            None,
+            ["must be Tensor, not numpy.ndarray. kerastorch", "The batch holds NumPy arrays", "list(batches)"],
+        ),
+        (
             loader((X * 10).long(), Y),
             None,
             [
@@ -341,6 +353,7 @@ def embedding_then_linear() -> nn.Module:
         "bool labels",
         "fractions for CrossEntropyLoss",
         "labels (N, 1)",
+        "NumPy batches of an iterable",
         "integer features",
         "embedding",
     ],
@@ -352,7 +365,7 @@ def test_a_first_batch_that_fails_in_torch_says_the_cause_and_the_fix(train_data
         built = net()
         model = kt.KerasModel(built, nn.CrossEntropyLoss(), {"acc": accuracy}, torch.optim.SGD(built.parameters(), 0.1))
     before = {k: v.clone() for k, v in model.net.state_dict().items()}
-    with pytest.raises(RuntimeError) as caught:
+    with pytest.raises((RuntimeError, TypeError)) as caught:  # TypeError: torch's, for NumPy arrays
         model.fit(train_data, epochs=1, verbose=0)
     message = str(caught.value)
     for words in said:

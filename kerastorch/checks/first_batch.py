@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 import torch
 
 from ..data.batches import BatchError, describe_batch, describe_reading, unpack
+from ..data.forms import holds_arrays
 from ..data.peek import FirstPass, NoBatchesError, dry_run_first_pass, first_batch
 from ..settings import MonitorSettings
 from ..tools.snapshot import training_snapshot
@@ -339,6 +340,12 @@ def _first_batch_hint(model: Any, batch: Any, error: Optional[Exception] = None)
             "or X.astype('float32') for NumPy, or train in float64 with precision='64-true'."
         )
     text = str(error) if error is not None else ""
+    if any(holds_arrays(value) for value in (*args, *kwargs.values())):
+        return said + (
+            " The batch holds NumPy arrays, which the net cannot take. kerastorch makes them tensors in a Python list "
+            "of batches, but other iterables' batches go to the net as they are: yield tensors "
+            "(torch.from_numpy(x)), pass list(batches), or pass the arrays themselves: fit(X, y)."
+        )
     integer_inputs = _integer_inputs_hint(model.net, inputs, weights, labels, text)
     if integer_inputs:
         return said + integer_inputs

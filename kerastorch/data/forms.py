@@ -215,6 +215,9 @@ class Batches(DataForm):
 
     def loader(self, batch_size: Optional[int], shuffle: bool, pin_memory: bool, steps: Optional[int] = None) -> Any:
         self.check(batch_size, 0.0)
+        if isinstance(self.data, (list, tuple)) and any(holds_arrays(batch) for batch in self.data):
+            # A list of NumPy batches (a Keras user's): made tensors once, as predict makes a generator's.
+            return [arrays_as_tensors(batch, self.keep_float64) for batch in self.data]
         return self.data
 
 
@@ -246,15 +249,27 @@ class OneShot(Batches):
         return (arrays_as_tensors(batch) for batch in self.data)
 
 
-def arrays_as_tensors(batch: Any) -> Any:
-    """A batch with its NumPy arrays and pandas objects as tensors (what a Keras generator yields)."""
+def arrays_as_tensors(batch: Any, keep_float64: bool = False) -> Any:
+    """A batch with its NumPy arrays and pandas objects as tensors (what a Keras generator yields),
+    floats as float32 unless ``keep_float64``, as :func:`~kerastorch.data.arrays.as_tensor` makes them."""
     if is_array(batch):
-        return as_tensor(batch, "a batch")
+        return as_tensor(batch, "a batch", keep_float64)
     if isinstance(batch, Mapping):
-        return {key: arrays_as_tensors(value) for key, value in batch.items()}
+        return {key: arrays_as_tensors(value, keep_float64) for key, value in batch.items()}
     if isinstance(batch, (tuple, list)) and not hasattr(batch, "_fields"):
-        return type(batch)(arrays_as_tensors(value) for value in batch)
+        return type(batch)(arrays_as_tensors(value, keep_float64) for value in batch)
     return batch
+
+
+def holds_arrays(batch: Any) -> bool:
+    """A batch with a NumPy array or a pandas object in it (tensors aside)."""
+    if is_array(batch):
+        return not isinstance(batch, torch.Tensor)
+    if isinstance(batch, Mapping):
+        return any(holds_arrays(value) for value in batch.values())
+    if isinstance(batch, (tuple, list)) and not hasattr(batch, "_fields"):
+        return any(holds_arrays(value) for value in batch)
+    return False
 
 
 #: The forms, in the order they are tried: the first whose ``accepts`` is true adapts the data.
