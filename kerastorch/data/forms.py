@@ -6,7 +6,7 @@
 | a map-style torch ``Dataset`` | :class:`MapDataset` | a DataLoader kerastorch builds |
 | an ``IterableDataset`` | :class:`IterableData` | a DataLoader kerastorch builds |
 | a generator or other one-shot iterator of batches (``predict`` only) | :class:`OneShot` | itself, NumPy arrays made tensors |
-| a DataLoader, or any other re-iterable of batches the user made | :class:`Batches` | itself, untouched |
+| a DataLoader, or any other re-iterable of batches the user made | :class:`Batches` | itself, untouched (a Python list's NumPy arrays made tensors) |
 
 Each adapter knows what applies to its form (``batch_size``, ``y``, ``sample_weight``,
 Keras's ``validation_split``), refuses what does not with a message saying what to do,
@@ -349,7 +349,7 @@ def prepare_data(
     validation_steps: Optional[int] = None,
 ) -> tuple[Any, Any]:
     """``(train loader, val loader or None)`` from whatever ``fit`` was given. Batches the user
-    made go through untouched; arrays, tensors, DataFrames and Datasets become DataLoaders
+    made go through untouched (a Python list's NumPy arrays made tensors); arrays, tensors, DataFrames and Datasets become DataLoaders
     (validation batches of ``validation_batch_size``, else ``batch_size``, as in Keras)."""
     train = adapt(data.train, "train_data", y=data.y, sample_weight=data.sample_weight, keep_float64=keep_float64)
     val = None if data.val is None else adapt(data.val, "val_data", keep_float64=keep_float64)
