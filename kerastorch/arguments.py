@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 from .callbacks.base import Callback, logs_added_by
-from .callbacks.monitor import auto_mode, check_mode
+from .callbacks.monitor import auto_mode_and_source, check_mode
 from .callbacks.training_state import training_state_path
 from .checks.values import check_flag, check_real_number, check_whole_number
 from .compat.arguments import verbose_from_quiet
@@ -400,6 +400,15 @@ def steps_argument(name: str, steps: Any) -> Optional[int]:
     return steps
 
 
+def looks_like_a_path(value: str) -> bool:
+    """A string with a folder or a file extension in it ('best.pt', 'runs/best'), and not a number ('5', '2.5')."""
+    try:
+        float(value)
+        return False
+    except ValueError:
+        return "/" in value or os.sep in value or bool(os.path.splitext(value)[1])
+
+
 def monitor_arguments(
     model: Any,
     monitor: Optional[str],
@@ -419,10 +428,16 @@ def monitor_arguments(
     or the name), and what follows: early stopping (``patience="auto"``: 5 epochs, or none when
     nothing is monitored) and the best weights put back."""
     if isinstance(patience, (str, os.PathLike)) and patience != AUTO:
+        if not isinstance(patience, str) or looks_like_a_path(patience):
+            raise TypeError(
+                f"patience={patience!r} looks like a file path. fit's fourth argument is patience (Keras's "
+                "order), not the checkpoint's path. Pass it by name: fit(train_data, val_data, epochs, "
+                f"ckpt_path={os.fspath(patience)!r})."
+            )
+        number = f"patience={patience.strip()}" if patience.strip().isdigit() else "e.g. patience=5"
         raise TypeError(
-            f"patience={patience!r} looks like a file path. fit's fourth argument is patience (Keras's "
-            "order), not the checkpoint's path. Pass it by name: fit(train_data, val_data, epochs, "
-            f"ckpt_path={os.fspath(patience)!r})."
+            f"patience={patience!r} is a string, but it must be a whole number of epochs >= 0 (or patience=None "
+            f"to never stop early): {number}."
         )
     if patience is not None and patience != AUTO:
         check_whole_number("patience", patience, minimum=0, hint=" (or patience=None to never stop early)")
@@ -454,8 +469,9 @@ def monitor_arguments(
         check_monitor(monitor, metric_names, has_val, added_logs)
     mode_was_auto = mode == "auto"
     metrics = {**model.metrics_dict, **(weighted_metrics or {})}
+    mode_source = ""
     if mode_was_auto:
-        mode = auto_mode(monitor, metrics)
+        mode, mode_source = auto_mode_and_source(monitor, metrics)
     else:
         check_mode_against_metric(monitor, mode, metrics)
     return MonitorSettings(
@@ -468,6 +484,7 @@ def monitor_arguments(
         mode_was_auto,
         restore_best_weights,
         monitor_was_auto,
+        mode_source,
     )
 
 

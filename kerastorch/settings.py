@@ -29,9 +29,10 @@ class MonitorSettings:
     patience: Optional[int] = DEFAULT_PATIENCE  # None: never stop early
     ckpt_path: Optional[Union[str, os.PathLike]] = None
     resume: bool = False
-    mode_was_auto: bool = False  # mode chosen from the monitored name (fit's first line says so)
+    mode_was_auto: bool = False  # mode chosen by fit, from the metric or the name (fit's first line says so)
     restore_best_weights: bool = True  # False: the best epoch is marked and written, the last one's weights stay
     monitor_was_auto: bool = False  # monitor="auto": a custom train_step without a loss makes it None
+    mode_source: str = "from its name"  # where a mode chosen by fit came from, for its first line
 
 
 @dataclasses.dataclass(frozen=True)

@@ -76,6 +76,19 @@ CASES = [
         id="patience < 0",
     ),
     pytest.param(
+        fit_with(patience="5"),
+        TypeError,
+        r"^patience='5' is a string, but it must be a whole number of epochs >= 0 \(or patience=None to never stop "
+        r"early\): patience=5\.$",
+        id="patience a string of digits, by name",
+    ),
+    pytest.param(
+        fit_with(patience="best.pt"),
+        TypeError,
+        r"patience='best\.pt' looks like a file path\..*ckpt_path='best\.pt'",
+        id="patience a path",
+    ),
+    pytest.param(
         fit_with(gradient_accumulation_steps=0),
         ValueError,
         r"gradient_accumulation_steps=0 must be a whole number >= 1",
@@ -98,6 +111,12 @@ CASES = [
         ValueError,
         r"train_data is empty \(0 batches\)\. Check the dataset's size, batch_size and drop_last",
         id="empty DataLoader",
+    ),
+    pytest.param(
+        fit_with(train_data=TensorDataset(X[:0], Y[:0])),
+        ValueError,
+        r"train_data is empty \(a TensorDataset of 0 samples\)\. Check how the dataset was built: its len\(\) is 0",
+        id="empty Dataset",
     ),
     pytest.param(
         fit_with(val_data=loader(X[:4], Y[:4], drop_last=True)),
@@ -168,6 +187,13 @@ CASES = [
         ValueError,
         r"The optimizer updates none of the net's parameters.*built for another net",
         id="optimizer of another net",
+    ),
+    pytest.param(
+        fit_with({"optimizer": lambda net: torch.optim.SGD(net.requires_grad_(False).parameters(), lr=0.1)}),
+        ValueError,
+        r"No parameter of the net requires grad: all 6 are frozen \(requires_grad=False\).*Unfreeze the ones to "
+        r"train.*torch\.optim\.Adam\(\[p for p in net\.parameters\(\) if p\.requires_grad\], lr=1e-3\)",
+        id="frozen net",
     ),
     pytest.param(
         fit_with({"lr_scheduler": lambda net: torch.optim.lr_scheduler.StepLR}),
@@ -290,3 +316,102 @@ def test_a_mode_against_the_metrics_own_direction_is_warned_of():
         warnings.simplefilter("error")  # the metric's own direction, or auto, says nothing
         model.fit(loader(), loader(), epochs=1, monitor="val_acc", mode="max", verbose=0)
         model.fit(loader(), loader(), epochs=1, monitor="val_acc", verbose=0)
+
+
+# -- the first batch fails in torch: the message names the cause, not the place of the labels ------------
+
+
+class NumpyBatches:
+    """An iterable of NumPy batches of the user's own (a Keras Sequence): its batches go to the net as they are."""
+
+    def __iter__(self):
+        return iter([(X[i : i + 8].numpy(), Y[i : i + 8].numpy()) for i in range(0, 32, 8)])
+
+
+def embedding_then_linear() -> nn.Module:
+    return nn.Sequential(nn.Embedding(10, 2), nn.Flatten(), nn.Linear(8, 3))
+
+
+@pytest.mark.parametrize(
+    "train_data, net, said",
+    [
+        (
+            loader(X, Y.float()),
+            None,
+            [
+                "but got Float. kerastorch called net(batch[0])",
+                "The labels are float32 class ids (",
+                "y.long() for tensors or y.astype('int64') for NumPy and pandas",
+            ],
+        ),
+        (loader(X, Y > 0), None, ["The labels are bool (True/False)", "y.long()"]),
+        (
+            loader(X, Y.float() / 4),
+            None,
+            ["float32 numbers that are not whole (", "a regression loss, e.g. nn.MSELoss()"],
+        ),
+        (
+            loader(X, Y[:, None]),
+            None,
+            [
+                "The labels have shape (8, 1), but CrossEntropyLoss takes one class id per sample, shape (8,)",
+                "y.squeeze(1)",
+            ],
+        ),
+        (
+            NumpyBatches(),
+            None,
+            ["must be Tensor, not numpy.ndarray. kerastorch", "The batch holds NumPy arrays", "list(batches)"],
+        ),
+        (
+            loader((X * 10).long(), Y),
+            None,
+            [
+                "but got Long and Float. kerastorch",
+                "The inputs are int64 but the net's weights are float32",
+                "X.astype('float32')",
+            ],
+        ),
+        # Token ids into an embedding are right: something else failed, and where the labels are may be it.
+        (loader(torch.randint(0, 10, (32, 5)), Y), embedding_then_linear, ["labels_at=0"]),
+    ],
+    ids=[
+        "float class ids",
+        "bool labels",
+        "fractions for CrossEntropyLoss",
+        "labels (N, 1)",
+        "NumPy batches of an iterable",
+        "integer features",
+        "embedding",
+    ],
+)
+def test_a_first_batch_that_fails_in_torch_says_the_cause_and_the_fix(train_data, net, said):
+    if net is None:
+        model = make_model()
+    else:
+        built = net()
+        model = kt.KerasModel(built, nn.CrossEntropyLoss(), {"acc": accuracy}, torch.optim.SGD(built.parameters(), 0.1))
+    before = {k: v.clone() for k, v in model.net.state_dict().items()}
+    with pytest.raises((RuntimeError, TypeError)) as caught:  # TypeError: torch's, for NumPy arrays
+        model.fit(train_data, epochs=1, verbose=0)
+    message = str(caught.value)
+    for words in said:
+        assert words in message, message
+    assert ("labels_at" in message) == (net is not None), message  # the place of the labels is not the cause
+    assert all(torch.equal(before[k], v) for k, v in model.net.state_dict().items())
+    assert not model.optimizer.state
+
+
+def test_class_weight_for_a_class_at_every_pixel_points_to_the_losss_weight():
+    torch.manual_seed(0)
+    images = torch.randn(16, 1, 4, 4)
+    masks = (images[:, 0] > 0.5).long()  # (N, H, W): a class for each pixel
+    net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 1))
+    model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters()))
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    with pytest.raises(ValueError) as caught:
+        model.fit(images, masks, class_weight={0: 1.0, 1: 5.0}, epochs=1, verbose=0)
+    message = str(caught.value)
+    assert "shape (16, 4, 4): a class id for each pixel" in message, message
+    assert "nn.CrossEntropyLoss(weight=torch.tensor([" in message and "pos_weight" not in message, message
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items()) and not model.optimizer.state

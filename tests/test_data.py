@@ -84,6 +84,10 @@ def test_keras_spellings_and_the_data_forms_all_train_the_same_net():
         "dict": lambda m: m.fit({"x": X, "labels": y}, shuffle=False, epochs=2, verbose=0),
         "dataset": lambda m: m.fit(TensorDataset(Xf, yt), shuffle=False, epochs=2, verbose=0),
         "loader": lambda m: m.fit(DataLoader(TensorDataset(Xf, yt), batch_size=32), epochs=2, verbose=0),
+        # A list of NumPy batches (float64 among them), made tensors as predict makes a generator's.
+        "list of NumPy batches": lambda m: m.fit(
+            [(X[i : i + 32], y[i : i + 32]) for i in range(0, 256, 32)], epochs=2, verbose=0
+        ),
     }
     results = {}
     for name, run in forms.items():

@@ -179,6 +179,15 @@ def test_mode_auto_follows_the_monitored_name_and_fit_says_so(capsys):
     assert kt.callbacks.monitor.auto_mode("val_score", {"score": mse}) == "min"
 
 
+def test_fits_first_line_says_a_mode_came_from_the_metric_when_it_did(capsys):
+    x, y = data()
+    top2 = torchmetrics.Accuracy(task="multiclass", num_classes=3, top_k=2)  # the name alone reads as "min"
+    model = make_model({"top2": top2})
+    model.fit(x, y, validation_split=0.25, epochs=1, monitor="val_top2", verbose=2)
+    assert "best weights by val_top2 (max, from the metric's higher_is_better)" in capsys.readouterr().out
+    assert kt.callbacks.monitor.auto_mode("val_top2") == "min"
+
+
 class NaNFromStart(nn.Module):
     def forward(self, preds, labels):
         return nn.functional.cross_entropy(preds, labels) * float("nan")

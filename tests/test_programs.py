@@ -243,7 +243,7 @@ def test_a_custom_step_that_fails_says_which_batch_it_got_and_changes_nothing_in
         model.fit(DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=8), epochs=1, verbose=0)
     assert str(caught.value).startswith(
         "On the first batch of train_data, your train_step failed, before training started (nothing has changed): "
-        "the generator's shapes are wrong kerastorch gave your train_step the first batch: a list of 1: "
+        "the generator's shapes are wrong. kerastorch gave your train_step the first batch: a list of 1: "
         "batch[0]: float32 (8, 4)."
     )
     assert same_weights(model.net, before) and not model.optimizer.state and not model.first_optimizer.state

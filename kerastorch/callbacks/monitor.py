@@ -46,13 +46,23 @@ def auto_mode(monitor: str, metrics_dict: Optional[dict] = None) -> str:
     >>> auto_mode("val_acc"), auto_mode("val_loss"), auto_mode("train_r2"), auto_mode("val_mae")
     ('max', 'min', 'max', 'min')
     """
+    return auto_mode_and_source(monitor, metrics_dict)[0]
+
+
+def auto_mode_and_source(monitor: str, metrics_dict: Optional[dict] = None) -> tuple[str, str]:
+    """:func:`auto_mode`, and where it came from, as fit's first line says it: ``"from the metric's
+    higher_is_better"`` or ``"from its name"``.
+
+    >>> auto_mode_and_source("val_acc")
+    ('max', 'from its name')
+    """
     bare = monitor.split("_", 1)[1] if monitor.startswith(("train_", "val_")) else monitor
     higher = getattr((metrics_dict or {}).get(bare), "higher_is_better", None)
     if isinstance(higher, bool):
-        return "max" if higher else "min"
+        return ("max" if higher else "min"), "from the metric's higher_is_better"
     if "loss" in bare.lower():
-        return "min"
-    return "max" if any(word in bare.lower() for word in HIGHER_IS_BETTER_WORDS) else "min"
+        return "min", "from its name"
+    return ("max" if any(word in bare.lower() for word in HIGHER_IS_BETTER_WORDS) else "min"), "from its name"
 
 
 class MonitorCallback(Callback):

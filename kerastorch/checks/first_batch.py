@@ -14,11 +14,13 @@ import contextlib
 import copy
 import dataclasses
 import difflib
+import re
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import torch
 
 from ..data.batches import BatchError, describe_batch, describe_reading, unpack
+from ..data.forms import holds_arrays
 from ..data.peek import FirstPass, NoBatchesError, dry_run_first_pass, first_batch
 from ..settings import MonitorSettings
 from ..tools.snapshot import training_snapshot
@@ -81,7 +83,7 @@ def check_first_batch(model: Any, data: Any, runtime: Any, name: str) -> Optiona
     except (BatchError, NoBatchesError, NoLossError):
         raise
     except Exception as error:
-        raise _wrapped(error, name, _first_batch_hint(model, seen.get("batch"))) from error
+        raise _wrapped(error, name, _first_batch_hint(model, seen.get("batch"), error)) from error
     check_first_outputs(model, loss, preds, labels, runtime, name)
     return kept
 
@@ -105,7 +107,7 @@ def checked_first_step(
     except (BatchError, NoLossError):
         raise
     except Exception as error:
-        raise _wrapped(error, name, _first_batch_hint(model, batch)) from error
+        raise _wrapped(error, name, _first_batch_hint(model, batch, error)) from error
     check_first_outputs(model, loss, preds, labels, runtime, name, adopt)
     model.backward(loss)
     model.optimizer_step()
@@ -317,9 +319,10 @@ def _number_states(metric: Any) -> dict[str, Any]:
     return {k: v for k, v in vars(metric).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def _first_batch_hint(model: Any, batch: Any) -> str:
-    """How kerastorch read the batch, and what usually causes a first batch to fail when the batch shows
-    it: the fix to try."""
+def _first_batch_hint(model: Any, batch: Any, error: Optional[Exception] = None) -> str:
+    """How kerastorch read the batch, and what usually causes a first batch to fail when the batch (and
+    torch's ``error``) shows it: the fix to try. The hint about where the labels are comes only when no
+    other cause shows."""
     if batch is None:
         return ""
     labels_at = getattr(model, "labels_at", None)
@@ -336,6 +339,19 @@ def _first_batch_hint(model: Any, batch: Any) -> str:
             " The inputs are float64 but the net's weights are float32: convert the data, X.float() for tensors "
             "or X.astype('float32') for NumPy, or train in float64 with precision='64-true'."
         )
+    text = str(error) if error is not None else ""
+    if any(holds_arrays(value) for value in (*args, *kwargs.values())):
+        return said + (
+            " The batch holds NumPy arrays, which the net cannot take. kerastorch makes them tensors in a Python list "
+            "of batches, but other iterables' batches go to the net as they are: yield tensors "
+            "(torch.from_numpy(x)), pass list(batches), or pass the arrays themselves: fit(X, y)."
+        )
+    integer_inputs = _integer_inputs_hint(model.net, inputs, weights, labels, text)
+    if integer_inputs:
+        return said + integer_inputs
+    class_labels = _class_labels_hint(getattr(model, "loss_fn", None), labels, text)
+    if class_labels:
+        return said + class_labels
     if isinstance(labels, (list, tuple)) and labels and isinstance(labels[0], str):
         return said + (
             f" The labels are strings ({labels[0]!r}, ...): map them to integers first, e.g. "
@@ -362,11 +378,77 @@ def _first_batch_hint(model: Any, batch: Any) -> str:
     return said
 
 
+CLASS_ID_LOSSES = (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)
+INTEGER_TYPE_WORDS = re.compile(r"dtype|type|Long|Int|Short|Char|Byte|Bool")
+
+
+def _class_labels_hint(loss_fn: Any, labels: Any, text: str) -> str:
+    """CrossEntropyLoss or NLLLoss refused the labels (torch's message is about the target): float or bool
+    class ids (a CSV column read as 0.0/1.0), or one id per row of shape (N, 1). Empty when neither shows."""
+    if not (isinstance(loss_fn, CLASS_ID_LOSSES) and isinstance(labels, torch.Tensor) and "target" in text):
+        return ""
+    loss = type(loss_fn).__name__
+    shape = tuple(labels.shape)
+    extra_dim = labels.dim() >= 2 and labels.shape[1] == 1
+    not_ids = labels.is_floating_point() or labels.dtype == torch.bool
+    dtype = str(labels.dtype).replace("torch.", "")
+    if extra_dim:
+        flat = (shape[0],) if labels.dim() == 2 else (shape[0], *shape[2:])
+        cast = " and cast them to int64: y.squeeze(1).long() (NumPy: .astype('int64'))" if not_ids else ""
+        each = "sample" if labels.dim() == 2 else "pixel"
+        return (
+            f" The labels have shape {shape}, but {loss} takes one class id per {each}, shape {flat}: drop the "
+            f"dimension of size 1, y.squeeze(1) (tensors, NumPy and pandas alike){cast}."
+        )
+    if labels.dtype == torch.bool:
+        return (
+            f" The labels are bool (True/False), but {loss} takes class ids as int64: cast them, y.long() for "
+            "tensors or y.astype('int64') for NumPy and pandas."
+        )
+    if labels.is_floating_point():
+        seen = ", ".join(str(v) for v in labels.detach().flatten()[:1000].unique()[:3].tolist())
+        if bool((labels == labels.round()).all()):
+            return (
+                f" The labels are {dtype} class ids ({seen}, ...; a CSV column read as floats?), but {loss} takes "
+                "class ids as int64: cast them, y.long() for tensors or y.astype('int64') for NumPy and pandas. "
+                "(Float labels are read as class probabilities only when they have the outputs' shape, (N, C).)"
+            )
+        return (
+            f" The labels are {dtype} numbers that are not whole ({seen}, ...), but {loss} takes class ids "
+            "(int64, shape (N,)) or class probabilities of the outputs' shape (N, C). For a regression target use "
+            "a regression loss, e.g. nn.MSELoss(), with a net of one output per target."
+        )
+    return ""
+
+
+def _integer_inputs_hint(net: Any, inputs: list, weights: list, labels: Any, text: str) -> str:
+    """Integer inputs into a float net whose first layer is not an embedding (torch's message is about a
+    dtype): the features are to be made float. Empty when that does not show."""
+    integers = [t for t in inputs if not (t.is_floating_point() or t.is_complex())]
+    if not (integers and weights and weights[0].is_floating_point() and INTEGER_TYPE_WORDS.search(text)):
+        return ""
+    first = next((m for m in net.modules() if any(True for _ in m.parameters(recurse=False))), None)
+    if isinstance(first, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+        return ""  # token ids: integers are right, and something else failed
+    if isinstance(labels, torch.Tensor) and labels.is_floating_point() and labels.dim() > integers[0].dim():
+        return ""  # the batch looks swapped, (labels, features): the hint about labels_at fits better
+    dtype = str(integers[0].dtype).replace("torch.", "")
+    weight_dtype = str(weights[0].dtype).replace("torch.", "")
+    return (
+        f" The inputs are {dtype} but the net's weights are {weight_dtype}: convert the features to float, "
+        "X.float() for tensors or X.astype('float32') for NumPy and pandas. (Integer inputs are right for a net "
+        "that starts with nn.Embedding, token ids.)"
+    )
+
+
 def _wrapped(error: Exception, name: str, hint: str = "", what: str = "failed in the net or the loss") -> Exception:
+    said = str(error)
+    if hint and not said.rstrip().endswith((".", "!", "?")):
+        said = said.rstrip() + "."  # torch's text often has no full stop, and the hint is a new sentence
     if what == "failed in the net or the loss":
-        message = f"The first batch of {name} {what}, before training started: {error}{hint}"
+        message = f"The first batch of {name} {what}, before training started: {said}{hint}"
     else:
-        message = f"On the first batch of {name}, {what}, before training started (nothing has changed): {error}{hint}"
+        message = f"On the first batch of {name}, {what}, before training started (nothing has changed): {said}{hint}"
     try:
         return type(error)(message)
     except Exception:  # an exception type that takes other arguments

@@ -62,6 +62,18 @@ def check_optimizer(model) -> None:
         )
     trainable = {id(p) for p in model.net.parameters() if p.requires_grad}
     updated = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    own_step = getattr(type(model), "train_step", None)
+    default_step = getattr(own_step, "__qualname__", "") in ("KerasModel.train_step", "")
+    frozen = sum(1 for _ in model.net.parameters())
+    learns = any(p.requires_grad for group in optimizer.param_groups for p in group["params"])
+    # An optimizer over trainable tensors outside the net (a loss with weights of its own) still learns.
+    if frozen and not trainable and not learns and default_step:
+        raise ValueError(
+            f"No parameter of the net requires grad: all {frozen} are frozen (requires_grad=False), so there is "
+            "nothing to train and the backward pass would fail. Unfreeze the ones to train, e.g. "
+            "net.fc.requires_grad_(True) for the last layer, and build the optimizer over them: "
+            "torch.optim.Adam([p for p in net.parameters() if p.requires_grad], lr=1e-3)."
+        )
     if trainable and not trainable & updated:
         raise ValueError(
             "The optimizer updates none of the net's parameters, so training would change nothing. It "
@@ -70,8 +82,7 @@ def check_optimizer(model) -> None:
         )
     left_out = [name for name, p in model.net.named_parameters() if p.requires_grad and id(p) not in updated]
     # An overridden train_step may update the rest with optimizers of its own.
-    own_step = getattr(type(model), "train_step", None)
-    if left_out and getattr(own_step, "__qualname__", "") in ("KerasModel.train_step", ""):
+    if left_out and default_step:
         warnings.warn(
             f"The optimizer does not update {len(left_out)} of the net's trainable parameters: "
             f"{', '.join(left_out[:5])}{' ...' if len(left_out) > 5 else ''} (added to the net after the optimizer "

@@ -6,7 +6,7 @@
 | a map-style torch ``Dataset`` | :class:`MapDataset` | a DataLoader kerastorch builds |
 | an ``IterableDataset`` | :class:`IterableData` | a DataLoader kerastorch builds |
 | a generator or other one-shot iterator of batches (``predict`` only) | :class:`OneShot` | itself, NumPy arrays made tensors |
-| a DataLoader, or any other re-iterable of batches the user made | :class:`Batches` | itself, untouched |
+| a DataLoader, or any other re-iterable of batches the user made | :class:`Batches` | itself, untouched (a Python list's NumPy arrays made tensors) |
 
 Each adapter knows what applies to its form (``batch_size``, ``y``, ``sample_weight``,
 Keras's ``validation_split``), refuses what does not with a message saying what to do,
@@ -155,6 +155,14 @@ class MapDataset(DataForm):
                 f"{self.name} is a {type(self.data).__name__}; y= and sample_weight= go beside arrays, not a "
                 "Dataset. Let the Dataset return (x, y), or a dict with 'labels' and 'sample_weight'."
             )
+        if num_batches(self.data) == 0:  # len(dataset); an IterableDataset has none
+            raise ValueError(
+                empty_data_message(
+                    self.name,
+                    f"a {type(self.data).__name__} of 0 samples",
+                    "how the dataset was built: its len() is 0 (a wrong folder or file path, a filter that kept nothing?)",
+                )
+            )
         return self.data
 
 
@@ -207,6 +215,9 @@ class Batches(DataForm):
 
     def loader(self, batch_size: Optional[int], shuffle: bool, pin_memory: bool, steps: Optional[int] = None) -> Any:
         self.check(batch_size, 0.0)
+        if isinstance(self.data, (list, tuple)) and any(holds_arrays(batch) for batch in self.data):
+            # A list of NumPy batches (a Keras user's): made tensors once, as predict makes a generator's.
+            return [arrays_as_tensors(batch, self.keep_float64) for batch in self.data]
         return self.data
 
 
@@ -238,15 +249,27 @@ class OneShot(Batches):
         return (arrays_as_tensors(batch) for batch in self.data)
 
 
-def arrays_as_tensors(batch: Any) -> Any:
-    """A batch with its NumPy arrays and pandas objects as tensors (what a Keras generator yields)."""
+def arrays_as_tensors(batch: Any, keep_float64: bool = False) -> Any:
+    """A batch with its NumPy arrays and pandas objects as tensors (what a Keras generator yields),
+    floats as float32 unless ``keep_float64``, as :func:`~kerastorch.data.arrays.as_tensor` makes them."""
     if is_array(batch):
-        return as_tensor(batch, "a batch")
+        return as_tensor(batch, "a batch", keep_float64)
     if isinstance(batch, Mapping):
-        return {key: arrays_as_tensors(value) for key, value in batch.items()}
+        return {key: arrays_as_tensors(value, keep_float64) for key, value in batch.items()}
     if isinstance(batch, (tuple, list)) and not hasattr(batch, "_fields"):
-        return type(batch)(arrays_as_tensors(value) for value in batch)
+        return type(batch)(arrays_as_tensors(value, keep_float64) for value in batch)
     return batch
+
+
+def holds_arrays(batch: Any) -> bool:
+    """A batch with a NumPy array or a pandas object in it (tensors aside)."""
+    if is_array(batch):
+        return not isinstance(batch, torch.Tensor)
+    if isinstance(batch, Mapping):
+        return any(holds_arrays(value) for value in batch.values())
+    if isinstance(batch, (tuple, list)) and not hasattr(batch, "_fields"):
+        return any(holds_arrays(value) for value in batch)
+    return False
 
 
 #: The forms, in the order they are tried: the first whose ``accepts`` is true adapts the data.
@@ -277,7 +300,12 @@ def check_loader(data: Any, name: str) -> None:
             "torch.utils.data.DataLoader(TensorDataset(x, y), batch_size=32)."
         )
     if num_batches(data) == 0:
-        raise ValueError(f"{name} is empty (0 batches). Check the dataset's size, batch_size and drop_last.")
+        raise ValueError(empty_data_message(name, "0 batches"))
+
+
+def empty_data_message(name: str, what: str, check: str = "the dataset's size, batch_size and drop_last") -> str:
+    """What kerastorch says of data with nothing in it: a DataLoader of no batches, a Dataset of no samples."""
+    return f"{name} is empty ({what}). Check {check}."
 
 
 def keras_positional(train: Any, val: Any, y: Any) -> tuple[Any, Any]:
@@ -323,7 +351,7 @@ def prepare_data(
     validation_steps: Optional[int] = None,
 ) -> tuple[Any, Any]:
     """``(train loader, val loader or None)`` from whatever ``fit`` was given. Batches the user
-    made go through untouched; arrays, tensors, DataFrames and Datasets become DataLoaders
+    made go through untouched (a Python list's NumPy arrays made tensors); arrays, tensors, DataFrames and Datasets become DataLoaders
     (validation batches of ``validation_batch_size``, else ``batch_size``, as in Keras)."""
     train = adapt(data.train, "train_data", y=data.y, sample_weight=data.sample_weight, keep_float64=keep_float64)
     val = None if data.val is None else adapt(data.val, "val_data", keep_float64=keep_float64)

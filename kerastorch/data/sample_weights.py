@@ -215,6 +215,17 @@ def check_one_label_per_sample(labels: torch.Tensor) -> None:
     multi-label targets (several ones in a row) have none."""
     one_hot = bool(((labels == 0) | (labels == 1)).all()) and bool((labels.sum(dim=-1) == 1).all())
     if labels.dim() >= 2 and labels[0].numel() > 1 and not one_hot:
+        integers = not (labels.is_floating_point() or labels.dtype == torch.bool)
+        if integers and (labels.dim() >= 3 or bool((labels > 1).any())):
+            # Class ids at every pixel or position (segmentation, tagging): the loss weighs classes itself.
+            where = "pixel" if labels.dim() >= 3 else "position"
+            raise ValueError(
+                f"class_weight weighs each sample by its class, so it needs one label per sample, but the labels "
+                f"have shape {tuple(labels.shape)}: a class id for each {where} (segmentation, tagging?). Weight the "
+                "classes in the loss instead: KerasModel(net, loss_fn=nn.CrossEntropyLoss(weight=torch.tensor([1.0, "
+                "5.0]))), one weight per class in class order, and drop class_weight; or weight whole samples with "
+                "sample_weight=..."
+            )
         raise ValueError(
             f"class_weight weighs each sample by its class, so it needs one label per sample, but the labels "
             f"have shape {tuple(labels.shape)} (multi-label targets?). Weight the rare tags in the loss instead: "

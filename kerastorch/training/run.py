@@ -269,7 +269,7 @@ def what_is_kept(watch: Any) -> str:
     """fit's first line, on the weights it keeps: by which value, and whether the best come back."""
     if watch.monitor is None:
         return "nothing monitored (monitor=None): the last epoch's weights stay"
-    chosen = f"{watch.mode}, from its name" if watch.mode_was_auto else watch.mode
+    chosen = f"{watch.mode}, {watch.mode_source}" if watch.mode_was_auto else watch.mode
     if not watch.restore_best_weights:
         return f"best epoch by {watch.monitor} ({chosen}); the last epoch's weights stay (restore_best_weights=False)"
     return f"best weights by {watch.monitor} ({chosen})"
