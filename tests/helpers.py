@@ -1,5 +1,5 @@
-"""Metrics the tests share: the same accuracy as a plain function and as the module that
-torchkeras users write (state in Parameters, updated in forward).
+"""What the tests share: the same accuracy as a plain function and as the module that torchkeras
+users write (state in Parameters, updated in forward); a way to run a test where file modes bind.
 
 Imported as ``from helpers import ...``: pytest puts tests/ on the path, and so does
 running a script in tests/ as ``python tests/xxx_script.py``.
@@ -7,6 +7,12 @@ running a script in tests/ as ``python tests/xxx_script.py``.
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
 import torch
 from torch import nn
 
@@ -39,3 +45,30 @@ class TorchkerasAccuracy(nn.Module):
     def reset(self) -> None:
         self.correct -= self.correct
         self.total -= self.total
+
+
+# Set in the child process that ran_where_file_modes_bind starts: the test then runs itself.
+WITHOUT_ROOTS_OVERRIDE = "KERASTORCH_TEST_WITHOUT_ROOTS_OVERRIDE"
+
+
+def ran_where_file_modes_bind(request) -> bool:
+    """For a test about read-only files and folders: root (as CI runs) writes into them anyway, so
+    as root the test runs again in a child process started without that power (``setpriv`` drops
+    CAP_DAC_OVERRIDE), and this returns True once the child passed: the test is done. False where
+    file modes bind already (not root, or in that child): the test goes on here."""
+    if os.geteuid() != 0 or os.environ.get(WITHOUT_ROOTS_OVERRIDE):
+        return False
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("root writes into read-only files, and setpriv (util-linux), which drops that, is not here")
+    child = subprocess.run(
+        [setpriv, "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-m", "pytest", "-q"]
+        + ["-p", "no:cacheprovider", request.node.nodeid],
+        cwd=request.config.rootpath,
+        env={**os.environ, WITHOUT_ROOTS_OVERRIDE: "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert child.returncode == 0 and " passed" in child.stdout, child.stdout + child.stderr
+    return True

@@ -15,6 +15,7 @@ from torch import nn
 
 import kerastorch as kt
 from conftest import make_mlp
+from helpers import ran_where_file_modes_bind
 from kerastorch.files import state as state_files
 from kerastorch.files.atomic import atomic_write
 from kerastorch.files.state import load_state_file
@@ -55,6 +56,25 @@ def test_a_replaced_file_keeps_its_mode(loaders, tmp_path, umask_027):
     sgd_model(make_mlp()).fit(dl_train, dl_val, epochs=1, verbose=0, ckpt_path=ckpt)
     assert os.path.getsize(ckpt) > 0
     assert oct(mode_of(ckpt)) == oct(0o664)
+
+
+@pytest.mark.slow  # as root, it runs again in a child process (see ran_where_file_modes_bind)
+@pytest.mark.parametrize("name", ["best.safetensors", "best.pt"])
+def test_a_read_only_file_is_replaced_and_stays_read_only(loaders, tmp_path, name, request):
+    # A checkpoint made read-only (chmod a-w, a data-versioning tool's cache): the run writes it anew.
+    if ran_where_file_modes_bind(request):
+        return
+    dl_train, dl_val = loaders
+    ckpt = tmp_path / name
+    ckpt.write_bytes(b"")
+    ckpt.chmod(0o444)
+    model = sgd_model(make_mlp())
+    model.fit(dl_train, dl_val, epochs=1, verbose=0, ckpt_path=ckpt)
+    assert oct(mode_of(ckpt)) == oct(0o444) and os.path.getsize(ckpt) > 0
+    fresh = sgd_model(make_mlp())
+    fresh.load_ckpt(ckpt)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.net.state_dict().values(), model.net.state_dict().values()))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
 
 
 def test_a_run_removes_the_temporary_files_a_killed_write_left_beside_its_files(loaders, tmp_path):

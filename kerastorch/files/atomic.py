@@ -27,12 +27,13 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
         tmp, mode = _create_temporary_file(path)
         try:
             yield tmp
-            # A writer may have put its own file there (safetensors writes one with mode 0600 and renames
-            # it onto ``tmp``): the final file gets the mode chosen here all the same.
+            with open(tmp, "rb") as f:  # read-only: fsync needs no write permission
+                os.fsync(f.fileno())
+            # Last, once written: a writer may have put its own file there (safetensors writes one with mode
+            # 0600 and renames it onto ``tmp``), and a read-only mode kept from the old file (0444) would have
+            # kept the writer out. The final file gets the mode chosen here all the same.
             if stat.S_IMODE(os.stat(tmp).st_mode) != mode:
                 os.chmod(tmp, mode)
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
             os.replace(tmp, path)
             with contextlib.suppress(OSError):  # make the rename itself durable
                 dir_fd = os.open(folder, os.O_RDONLY)
@@ -60,18 +61,20 @@ def _create_temporary_file(path: str) -> tuple[str, int]:
     folder, name = os.path.split(path)
     while True:
         tmp = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.tmp")
+        # Never wider than the file it replaces, even for a moment (the umask only narrows), but writable
+        # by its owner while it is written: the mode of a read-only file (0444) comes once it is whole.
+        created_mode = 0o666 if kept_mode is None else kept_mode | stat.S_IWUSR | stat.S_IRUSR
         try:
-            # Never wider than the file it replaces, even for a moment (the umask only narrows).
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if kept_mode is None else kept_mode)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, created_mode)
         except FileExistsError:
             continue
         try:
             if kept_mode is not None:
-                os.fchmod(fd, kept_mode)  # the bits the umask took away
-            mode = stat.S_IMODE(os.fstat(fd).st_mode)  # the umask's (and an ACL's) result, read back
+                os.fchmod(fd, created_mode)  # the bits the umask took away
+                return tmp, kept_mode
+            return tmp, stat.S_IMODE(os.fstat(fd).st_mode)  # the umask's (and an ACL's) result, read back
         finally:
             os.close(fd)
-        return tmp, mode
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
