@@ -82,12 +82,15 @@ def test_a_run_removes_the_temporary_files_a_killed_write_left_beside_its_files(
     the next run that writes there removes it, also without ``resume``."""
     dl_train, dl_val = loaders
     left = [".best.pt.0f3a9c2e.tmp", ".e7-0.31.pt.77aa01bc.tmp", ".last.pt.1234abcd.tmp"]
-    kept = [".best.pt.notes", ".other.pt.0f3a9c2e.tmp", "e7-0.31.pt"]  # not a write of these paths
+    # Not a write of these paths; and a template that starts with a field ("{epoch}.pt") would match any
+    # .pt name: another run's write under way in the same folder stays.
+    kept = [".best.pt.notes", ".other.pt.0f3a9c2e.tmp", "e7-0.31.pt"]
     for name in left + kept:
         (tmp_path / name).write_bytes(b"\0" * 1000)
     callbacks = [
         kt.callbacks.ModelCheckpoint(str(tmp_path / "e{epoch}-{val_loss:.2f}.pt")),
         kt.callbacks.ModelCheckpoint(str(tmp_path / "last.pt")),
+        kt.callbacks.ModelCheckpoint(str(tmp_path / "{epoch}.pt")),
     ]
     sgd_model(make_mlp()).fit(
         dl_train, dl_val, epochs=1, verbose=0, ckpt_path=tmp_path / "best.pt", callbacks=callbacks
@@ -154,3 +157,18 @@ def test_a_ctrl_c_during_a_write_is_raised_once_the_file_is_whole_and_a_second_o
     assert path.read_bytes() == (b"half and the rest" if presses == 1 else b"previous")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["weights.pt"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handler is back
+
+
+def test_a_write_that_fails_after_a_ctrl_c_raises_its_own_error(tmp_path):
+    # A full disk during the write: its error is the one to see, not the Ctrl-C that came during it.
+    path = tmp_path / "weights.pt"
+    path.write_bytes(b"previous")
+
+    def write(tmp):
+        os.kill(os.getpid(), signal.SIGINT)
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left on device"):
+        atomic_write(path, write)
+    assert path.read_bytes() == b"previous"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

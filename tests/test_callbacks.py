@@ -293,6 +293,18 @@ def test_model_checkpoint_bad_template_fails_before_training(tmp_path):
         ModelCheckpoint(tmp_path / "e.safetensors", keep_last=0)
     assert same_weights(weights(model), before)
     assert list(tmp_path.iterdir()) == []
+    # Going on from epoch 3 to 4 with validation_freq=4: the one epoch trained is validated.
+    model.fit(
+        train,
+        val,
+        initial_epoch=3,
+        epochs=4,
+        verbose=0,
+        validation_freq=4,
+        callbacks=[ModelCheckpoint(tmp_path / "e{epoch}-{val_loss:.2f}.safetensors")],
+    )
+    assert [p.name[:3] for p in tmp_path.iterdir()] == ["e4-"]
+    (next(tmp_path.iterdir())).unlink()
     # Written only at validated epochs, the same names are fine.
     every_second = ModelCheckpoint(tmp_path / "e{epoch}-{val_loss:.2f}.safetensors", every_n_epochs=2)
     history = model.fit(train, val, epochs=4, verbose=0, validation_freq=2, callbacks=[every_second])

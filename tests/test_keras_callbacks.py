@@ -259,6 +259,14 @@ def test_a_value_a_callback_adds_to_the_logs_can_be_monitored(tmp_path):
     assert stopper.stopped_epoch == 3 and stopper.mode == "max"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best-1.safetensors", "best-2.safetensors"]
 
+    # torch's ReduceLROnPlateau is stepped before the epoch's callbacks: refused, the callback offered
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max")
+    stepped = kt.KerasModel(net, nn.CrossEntropyLoss(), {}, optimizer, lr_scheduler=plateau)
+    with pytest.raises(ValueError, match=r"is not there yet.*kt.callbacks.ReduceLROnPlateau\('val_score'"):
+        stepped.fit(train, val, epochs=2, monitor="val_score", callbacks=[ScoreInLogs(scores)], verbose=0)
+
     class Unsaid(ScoreInLogs):
         adds_logs = ()
 

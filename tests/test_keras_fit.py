@@ -231,6 +231,17 @@ def test_a_net_with_two_outputs_takes_its_labels_as_keras_does():
     scores = named.evaluate(X[40:], {"kind": y[40:], "size": value[40:]}, verbose=0)
     assert scores["val_loss"] == pytest.approx(float(by_hand), rel=1e-5)
 
+    # labels of several lengths are named one by one; a list of 0-d values is one array of labels
+    for given in ([y, value[:30]], {"kind": y, "size": value[:30]}):
+        with pytest.raises(ValueError, match=r"differ in length \(.* has 60, y\[.*\] has 30 samples\)"):
+            model.fit(X, given, epochs=1, verbose=0)
+        with pytest.raises(ValueError, match=r"differ in length \(.* has 60, y\[.*\] has 30 samples\)"):
+            model.fit(X, y=given, epochs=1, verbose=0)
+    single = frozen(nn.Linear(3, 2))
+    ids = [torch.tensor(int(label)) for label in y]
+    assert len(single.fit(X, y=ids, epochs=1, verbose=0)) == 1
+    assert len(single.fit(X, y=[np.array(label) for label in y], epochs=1, verbose=0)) == 1
+
     # class weights are for one array of labels, as in Keras
     class ClassAndValueLoss(nn.Module):
         reduction = "mean"

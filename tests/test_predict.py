@@ -13,7 +13,7 @@ from collections import namedtuple
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
 import kerastorch as kt
 
@@ -68,6 +68,11 @@ def test_predict_joins_batches_a_dataset_makes_itself_and_refuses_items_it_canno
         expected = net.eval()(X)
     made_batches = DataLoader(list(X.split(20)), batch_size=None)  # torch's way for data that batches itself
     torch.testing.assert_close(model.predict(made_batches, verbose=0), expected)
+    # A BatchSampler given as sampler= (a fast way to batch a TensorDataset): its items are batches too,
+    # 16, 16, 16 and 12 rows.
+    indices = BatchSampler(SequentialSampler(range(60)), batch_size=16, drop_last=False)
+    sampled = DataLoader(TensorDataset(X), sampler=indices, batch_size=None)
+    torch.testing.assert_close(model.predict(sampled, verbose=0), expected)
 
     rows = DataLoader(list(X), batch_size=None)  # one sample per item, but a list could hold either
     with pytest.raises(ValueError, match=r"for item 0 the input has shape \(4,\) and the net's output \(2,\)"):

@@ -179,6 +179,10 @@ class ModelCheckpoint(MonitorCallback):
         folder, name = os.path.split(self.filepath)
         if "{" in folder:  # the folder itself varies: nowhere fixed to look
             return
+        if name.startswith("{"):
+            # Every name of its kind would match ("{epoch}.pt": any .pt): another run's write under way in a
+            # shared folder (side-by-side trials) must not lose its file. Only a name with its own start is cleaned.
+            return
         name_glob = "".join(
             glob.escape(literal) + ("*" if field is not None else "")
             for literal, field, _, _ in string.Formatter().parse(name)
@@ -209,7 +213,8 @@ class ModelCheckpoint(MonitorCallback):
         validation_freq = self.params.get("validation_freq") or 1
         unvalidated = [f for f in self.fields if f.startswith("val_")]
         writes_unvalidated = not (self.save_best_only and self.monitor.startswith("val_"))
-        written = range(self.every_n_epochs, (self.params.get("epochs") or 0) + 1, self.every_n_epochs)
+        trained = range((self.params.get("initial_epoch") or 0) + 1, (self.params.get("epochs") or 0) + 1)
+        written = [epoch for epoch in trained if epoch % self.every_n_epochs == 0]
         if (
             unvalidated
             and not by_batch

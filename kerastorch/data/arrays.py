@@ -44,18 +44,18 @@ def is_array_group(obj: Any) -> bool:
 
 def is_label_group(obj: Any, samples: Optional[int] = None) -> bool:
     """The labels of a net with several outputs, as Keras takes them: a tuple or list of two or more
-    arrays, or a dict of arrays, one per output (each with ``samples`` rows, when given)."""
+    arrays, or a dict of arrays, one per output. A list as long as the data's ``samples`` is the rows
+    of one array instead (``[np.array([0, 1]), ...]``, one-hot rows), as it was read before."""
     if isinstance(obj, Mapping):
         columns = list(obj.values())
     elif isinstance(obj, (tuple, list)) and len(obj) >= 2 and not isinstance(obj, (WeightedSample, Inputs)):
+        if samples is not None and len(obj) == samples:
+            return False
         columns = list(obj)
     else:
         return False
-    return (
-        bool(columns)
-        and all(is_array(column) for column in columns)
-        and (samples is None or all(len(column) == samples for column in columns))
-    )
+    # Each an array with a row per sample (a 0-d array is one value: a list of them is one array's rows).
+    return bool(columns) and all(is_array(column) and getattr(column, "ndim", 1) >= 1 for column in columns)
 
 
 class LabelGroup:
@@ -275,6 +275,11 @@ def array_dataset(
             names.append(y_name)
         arrays = tuple(converted)
         named = list(zip(names, arrays))
+    if isinstance(labels, LabelGroup):  # each output's labels counted on their own
+        group = labels.labels
+        columns_of_y = group.items() if isinstance(group, dict) else enumerate(group)
+        named = [item for item in named if item[1] is not labels]
+        named += [(f"{y_name}[{key!r}]", column) for key, column in columns_of_y]
     weight: Optional[torch.Tensor] = None
     if sample_weight is not None:
         weight = as_tensor(sample_weight, weight_name).float().reshape(-1)

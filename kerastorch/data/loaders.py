@@ -7,7 +7,15 @@ import itertools
 from typing import Any, Iterator, Optional
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, TensorDataset
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    Subset,
+    TensorDataset,
+)
 
 from ..settings import DEFAULT_BATCH_SIZE, DataSettings
 from .arrays import ArrayDataset, LabelGroup
@@ -100,6 +108,10 @@ def what_batches_hold(loader: Any) -> str:
     # DataLoader's own test for automatic batching (its private _auto_collation) is this one.
     if not isinstance(loader, DataLoader) or loader.batch_sampler is not None:
         return "batches"
+    if not isinstance(loader.sampler, (SequentialSampler, RandomSampler)):
+        # A sampler of the user's own may hand over several indices at once (a BatchSampler given as
+        # sampler=, a fast way to batch a TensorDataset): its items may be batches.
+        return "items"
     dataset = loader.dataset
     while isinstance(dataset, Subset):
         dataset = dataset.dataset

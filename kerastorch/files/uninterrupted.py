@@ -42,6 +42,11 @@ def ctrl_c_after_the_write() -> Iterator[None]:
     signal.signal(signal.SIGINT, record)
     try:
         yield
+    except BaseException:
+        # The write failed (a full disk): its error stops the run, as the Ctrl-C would have, and is the one
+        # to see; delivered here, the Ctrl-C would hide it behind fit's "Interrupted" (the run's end).
+        pressed.clear()
+        raise
     finally:
         signal.signal(signal.SIGINT, previous)
         if pressed:

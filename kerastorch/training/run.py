@@ -57,7 +57,7 @@ from .parts import ModelParts
 from .position import RunPosition
 from .preemption import Preempted, Preemption, preemption_for, signals_passed_to_workers
 from .protocols import Epochs, TrainableModel
-from .schedulers import check_plateau_mode, try_scheduler
+from .schedulers import check_monitor_is_there_for_the_scheduler, check_plateau_mode, try_scheduler
 from .step import FitStep, run_once
 
 
@@ -82,6 +82,9 @@ def fit(model: TrainableModel, data: FitData, settings: FitSettings, lr_schedule
     check_model_for_fit(model, train_data, settings, sample_weight=data.sample_weight)
     if program_runners(model) is None:  # a program's runner calls its scheduler itself
         check_plateau_mode(model.lr_scheduler, settings.monitoring.monitor, settings.monitoring.mode)
+        check_monitor_is_there_for_the_scheduler(
+            model.lr_scheduler, settings.monitoring.monitor, logs_added_by(settings.callbacks)
+        )
         try_scheduler(model, settings.step.scheduler_interval, settings.monitoring.monitor)
     if settings.doctor:
         check_before_fit(model, train_data, val_data)
@@ -535,6 +538,7 @@ def callbacks_for_fit(
         "metrics": columns,
         "train_data": train_loader,
         "ckpt_path": watch.ckpt_path,
+        "initial_epoch": settings.initial_epoch,  # Keras's: the epochs done before this run (it trains the next)
         "validation_freq": settings.data.validation_freq,  # the epochs validated (and logging val_*): n, 2n, ... or those listed
         # Whether files (ckpt_path, a ModelCheckpoint's, the training state) may be written while training
         # goes on: no code of the user's that may read them runs before fit has waited for them.

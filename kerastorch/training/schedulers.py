@@ -81,7 +81,25 @@ def check_plateau_mode(scheduler: Any, monitor: Optional[str], mode: Optional[st
             f"lr_scheduler=ReduceLROnPlateau(mode={scheduler.mode!r}) gets {monitor} after every epoch, which is better "
             f"{better} (fit's mode={mode!r}): it would cut the learning rate each time {monitor} improves. Build it "
             f"with ReduceLROnPlateau(optimizer, mode={mode!r}, ...), or monitor a value that is better "
-            f"{'lower' if mode == 'max' else 'higher'}."
+            f"{'lower' if mode == 'max' else 'higher'}; if fit has the direction wrong, pass "
+            f"fit(mode={scheduler.mode!r})."
+        )
+
+
+def check_monitor_is_there_for_the_scheduler(scheduler: Any, monitor: Optional[str], added_logs: list) -> None:
+    """fit steps a plateau scheduler with the monitored value once the epoch is validated, before the
+    epoch's callbacks run: a value a callback adds to the logs (``adds_logs``) is not there yet, and
+    the scheduler would never be stepped."""
+    plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) or (
+        is_timm_style(scheduler) and "Plateau" in type(scheduler).__name__
+    )
+    if plateau and monitor is not None and monitor in added_logs:
+        raise ValueError(
+            f"lr_scheduler={type(scheduler).__name__} is stepped with {monitor} once the epoch is validated, before "
+            f"the epoch's callbacks run, and {monitor} is a value a callback adds to the logs (adds_logs): it is not "
+            "there yet, so the rate would never change. Leave the scheduler out of KerasModel and use the "
+            f"callback, which runs after the one that adds it: callbacks=[..., kt.callbacks.ReduceLROnPlateau("
+            f"{monitor!r}, factor=0.1, patience=10)]."
         )
 
 
@@ -130,4 +148,12 @@ def how_to_adapt(interval: str) -> str:
     )
 
 
-__all__ = ["after_epoch", "after_update", "check_plateau_mode", "describe_calls", "is_timm_style", "try_scheduler"]
+__all__ = [
+    "after_epoch",
+    "after_update",
+    "check_monitor_is_there_for_the_scheduler",
+    "check_plateau_mode",
+    "describe_calls",
+    "is_timm_style",
+    "try_scheduler",
+]
