@@ -30,6 +30,15 @@ def mode_of(path) -> int:
 
 
 @pytest.fixture
+def python_handles_ctrl_c():
+    """Python's own SIGINT handler, whatever the test process was started with: a process started in
+    the background (``cmd &``, nohup, some CI runners) ignores SIGINT, and a real Ctrl-C would do nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture
 def umask_027():
     previous = os.umask(0o027)
     yield
@@ -101,7 +110,7 @@ def test_a_run_removes_the_temporary_files_a_killed_write_left_beside_its_files(
 
 
 def test_a_ctrl_c_during_the_training_states_write_keeps_the_state_of_the_finished_epoch(
-    loaders, tmp_path, monkeypatch
+    loaders, tmp_path, monkeypatch, python_handles_ctrl_c
 ):
     """With a callback of yours, the state is written on the training thread; a Ctrl-C (a real SIGINT)
     that arrives while it is half written is acted on once the file is whole: fit returns the finished
@@ -141,7 +150,9 @@ def test_a_ctrl_c_during_the_training_states_write_keeps_the_state_of_the_finish
 
 
 @pytest.mark.parametrize("presses", [1, 2])
-def test_a_ctrl_c_during_a_write_is_raised_once_the_file_is_whole_and_a_second_one_at_once(tmp_path, presses):
+def test_a_ctrl_c_during_a_write_is_raised_once_the_file_is_whole_and_a_second_one_at_once(
+    tmp_path, presses, python_handles_ctrl_c
+):
     path = tmp_path / "weights.pt"
     path.write_bytes(b"previous")
 
@@ -159,7 +170,7 @@ def test_a_ctrl_c_during_a_write_is_raised_once_the_file_is_whole_and_a_second_o
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handler is back
 
 
-def test_a_write_that_fails_after_a_ctrl_c_raises_its_own_error(tmp_path):
+def test_a_write_that_fails_after_a_ctrl_c_raises_its_own_error(tmp_path, python_handles_ctrl_c):
     # A full disk during the write: its error is the one to see, not the Ctrl-C that came during it.
     path = tmp_path / "weights.pt"
     path.write_bytes(b"previous")
