@@ -4,6 +4,10 @@ Runs, in one process and interleaved, several ways to train the same net on the 
 data with validation every epoch:
 
 * ``bare``: forward, backward, step; a validation forward pass; nothing logged.
+* ``bare, by index``: the same loop over the same loaders read as ``fit`` reads a loader over
+  tensors in memory, one index per tensor for each batch (``kerastorch/data/indexed.py``): the
+  same batches, sooner. ``fit`` over it is ``fit``'s own cost, apart from the data's (printed
+  below the table, with the target's verdict for it too); (c) feeds its bare loop this way.
 * ``seed loop``: the hand-written loop of seed 003 (tqdm bars, ``.item()`` per step,
   a torchmetrics call per step, early stopping and a checkpoint file).
 * ``fit``: ``KerasModel.fit`` with the same metric, validation, early stopping, a
@@ -57,6 +61,7 @@ from tqdm import tqdm
 from verdicts import verdict
 
 import kerastorch as kt
+from kerastorch.data.indexed import read_by_index
 from kerastorch.examples import create_cnn, digits_datasets
 
 
@@ -295,7 +300,17 @@ def measure(task, repeats, epochs, device, compile=True, precision="32-true", ta
     pin = device.type == "cuda"
     dl_train = DataLoader(train, batch_size=batch_size, shuffle=True, pin_memory=pin)
     dl_val = DataLoader(val, batch_size=batch_size, pin_memory=pin)
-    times = {"bare": [], "seed loop": [], "fit": [], "fit core": [], **({"fit compile": []} if compile else {})}
+    # fit reads the batches of a loader over tensors with one index per tensor (kerastorch/data/indexed.py):
+    # the bare loop fed the same way tells fit's own cost from that of the data.
+    dl_train_indexed, dl_val_indexed = read_by_index(dl_train), read_by_index(dl_val)
+    times = {
+        "bare": [],
+        "bare, by index": [],
+        "seed loop": [],
+        "fit": [],
+        "fit core": [],
+        **({"fit compile": []} if compile else {}),
+    }
     compile_seconds.clear()
     with tempfile.TemporaryDirectory() as folder:
         ckpt = os.path.join(folder, "best.pt")
@@ -303,6 +318,9 @@ def measure(task, repeats, epochs, device, compile=True, precision="32-true", ta
         run_bare(make_net, dl_train, dl_val, 1, device, precision=precision)
         for _ in range(repeats):
             times["bare"].append(run_bare(make_net, dl_train, dl_val, epochs, device, precision=precision))
+            times["bare, by index"].append(
+                run_bare(make_net, dl_train_indexed, dl_val_indexed, epochs, device, precision=precision)
+            )
             times["fit"].append(run_fit(make_net, dl_train, dl_val, epochs, device, ckpt, precision))
             times["fit core"].append(run_fit(make_net, dl_train, dl_val, epochs, device, ckpt, precision, core=True))
             times["seed loop"].append(
@@ -318,19 +336,25 @@ def measure(task, repeats, epochs, device, compile=True, precision="32-true", ta
     fastest = {k: min(v) for k, v in times.items()}
     print(f"\n{title} on {device}, {precision} ({repeats} runs of {epochs} epochs each)")
     print(
-        f"{'loop':<12}{'median s/epoch':>16}{'x bare':>9}{'fastest s/epoch':>17}{'x bare':>9}"
+        f"{'loop':<15}{'median s/epoch':>16}{'x bare':>9}{'fastest s/epoch':>17}{'x bare':>9}"
         f"{'x bare of its round: median (min-max)':>40}"
     )
     for name in times:
         rounds = [t / bare for t, bare in zip(times[name], times["bare"])]
         print(
-            f"{name:<12}{medians[name]:>16.4f}{medians[name] / medians['bare']:>9.3f}"
+            f"{name:<15}{medians[name]:>16.4f}{medians[name] / medians['bare']:>9.3f}"
             f"{fastest[name]:>17.4f}{fastest[name] / fastest['bare']:>9.3f}"
             f"{statistics.median(rounds):>23.3f} ({min(rounds):.3f}-{max(rounds):.3f})"
         )
+    own = [t / bare for t, bare in zip(times["fit"], times["bare, by index"])]
+    print(
+        f"fit over the bare loop fed as fit feeds itself (bare, by index): {statistics.median(own):.3f}x "
+        f"({min(own):.3f}-{max(own):.3f})"
+    )
     if target is not None:
         rounds = [t / bare for t, bare in zip(times["fit"], times["bare"])]
         print(f"target, fit <= {target:g}x of the bare loop: {verdict(rounds, target)}")
+        print(f"the same line for fit over the bare loop by index: {verdict(own, target)}")
     if compile:
         cached = statistics.median(compile_seconds[1:]) if len(compile_seconds) > 1 else float("nan")
         print(
@@ -347,12 +371,15 @@ def feature_costs(repeats: int, epochs: int, device: torch.device) -> dict:
     dl_train = DataLoader(train, batch_size=batch_size, shuffle=True)
     dl_val = DataLoader(val, batch_size=batch_size)
     variants = {"fit core": (), **{f"+ {name}": (name,) for name in FEATURES}, "fit (all)": FEATURES}
-    times: dict[str, list[float]] = {"bare": [], **{name: [] for name in variants}}
+    times: dict[str, list[float]] = {"bare": [], "bare, by index": [], **{name: [] for name in variants}}
     with tempfile.TemporaryDirectory() as folder:
         ckpt = os.path.join(folder, "best.pt")
         run_bare(make_net, dl_train, dl_val, 1, device)
         for _ in range(repeats):
             times["bare"].append(run_bare(make_net, dl_train, dl_val, epochs, device))
+            times["bare, by index"].append(
+                run_bare(make_net, read_by_index(dl_train), read_by_index(dl_val), epochs, device)
+            )
             for name, features in variants.items():
                 times[name].append(run_fit(make_net, dl_train, dl_val, epochs, device, ckpt, features=features))
     core = statistics.median(times["fit core"])
@@ -376,8 +403,8 @@ def step_cost(repeats: int, epochs: int = 3) -> float:
     make_net = lambda: nn.Linear(4, 2)
     cpu = torch.device("cpu")
 
-    def bare() -> float:
-        return run_bare(make_net, loader, [], epochs, cpu)
+    def bare() -> float:  # fed as fit feeds itself: the difference is the loop's, not the data's
+        return run_bare(make_net, read_by_index(loader), [], epochs, cpu)
 
     def fit_core() -> float:
         net, loss_fn, optimizer, _ = make_parts(make_net)

@@ -224,6 +224,41 @@ class ArrayDataset(Dataset):
                 sample = Inputs(sample)
         return sample if self.weight is None else WeightedSample(sample, self.weight[index])
 
+    def rows(self, indices: torch.Tensor) -> Any:
+        """The batch torch's ``default_collate`` makes of the samples at ``indices`` (an int64 tensor),
+        read with one index per array: a tuple of samples collates into a list, a named tuple and a dict
+        keep their type, tensors are stacked (see :mod:`~kerastorch.data.indexed`)."""
+        if isinstance(self.arrays, dict):
+            batch: Any = {key: _rows(value, indices) for key, value in self.arrays.items()}
+        else:
+            columns = [_rows(value, indices) for value in self.arrays]
+            if len(columns) == 1:
+                batch = columns[0]
+            else:
+                batch = Inputs(columns) if self.inputs_only else columns  # type: ignore[arg-type]  # collate's list
+        return batch if self.weight is None else WeightedSample(batch, self.weight[indices])
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the samples are read from."""
+        columns = list(self.arrays.values()) if isinstance(self.arrays, dict) else list(self.arrays)
+        found = [tensor for column in columns for tensor in _tensors_of(column)]
+        return found if self.weight is None else [*found, self.weight]
+
+
+def _rows(column: Any, indices: torch.Tensor) -> Any:
+    if isinstance(column, LabelGroup):  # a sample's labels are a tuple (collated into a list) or a dict
+        labels = column.labels
+        if isinstance(labels, dict):
+            return {key: value[indices] for key, value in labels.items()}
+        return [value[indices] for value in labels]
+    return column[indices]
+
+
+def _tensors_of(column: Any) -> list[torch.Tensor]:
+    if isinstance(column, LabelGroup):
+        return list(column.labels.values()) if isinstance(column.labels, dict) else list(column.labels)
+    return [column]
+
 
 def array_dataset(
     data: Any, y: Any, sample_weight: Any, name: str, keep_float64: bool, needs_labels: bool = True

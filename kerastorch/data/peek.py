@@ -103,7 +103,7 @@ class FirstPass:
         kept, self._kept = self._kept, None
         if kept is None:
             return iter(self.loader)
-        _draw_pass_seed(self.loader)
+        draw_pass_seed(self.loader)
         batch, rest = kept
         return itertools.chain([batch], rest)
 
@@ -132,7 +132,7 @@ def peek_first_pass(data: Any, name: str) -> tuple[Any, Optional[FirstPass]]:
         drew_elsewhere = watch_elsewhere and host_random_states(datasets_own) != elsewhere
         fetched = states.read()
         states.write(before)
-        _draw_pass_seed(data)
+        draw_pass_seed(data)
         seed_alone = states.read()
     finally:
         states.write(before)
@@ -158,7 +158,7 @@ def _draws_nothing(loader: DataLoader) -> bool:
     return True
 
 
-def _draw_pass_seed(loader: DataLoader) -> None:
+def draw_pass_seed(loader: DataLoader) -> None:
     # What torch's DataLoader draws when a pass begins (its iterator's _base_seed): peek_first_pass
     # compares the states after a real fetch with those after this draw, so a change to it in torch
     # turns the kept pass off, it does not skew the random numbers.

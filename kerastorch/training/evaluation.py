@@ -34,6 +34,7 @@ def evaluate(model: TrainableModel, given: EvalData, settings: EvaluateSettings)
     """Loss and metrics over the data (eval mode, no gradients): ``{"val_loss": ..., "val_<m>": ...}``,
     or with ``return_dict=False`` Keras's list of the same values in the same order (a single number
     when there is only the loss)."""
+    runners = program_runners(model)  # a program's own step class evaluates, as it does in its own library
     data = eval_loader(
         given.data,
         given.y,
@@ -41,10 +42,10 @@ def evaluate(model: TrainableModel, given: EvalData, settings: EvaluateSettings)
         needs_labels=True,
         sample_weight=given.sample_weight,
         steps=settings.steps,
+        by_index=runners is None,  # a program's runner gets the very loader it was given
     )
     if settings.steps is not None:
         data = FirstBatches(data, settings.steps)
-    runners = program_runners(model)  # a program's own step class evaluates, as it does in its own library
     if runners is None:
         check_loss_fn(model)  # type: ignore[arg-type]
     runtime = runtime_for_net(model.net)

@@ -78,6 +78,7 @@ def fit(model: TrainableModel, data: FitData, settings: FitSettings, lr_schedule
         steps_per_epoch=settings.data.steps_per_epoch,
         validation_batch_size=settings.data.validation_batch_size,
         validation_steps=settings.data.validation_steps,
+        by_index=program_runners(model) is None,
     )
     check_model_for_fit(model, train_data, settings, sample_weight=data.sample_weight)
     if program_runners(model) is None:  # a program's runner calls its scheduler itself
