@@ -191,6 +191,11 @@ class Rows(Dataset):
         lambda x, y: DataLoader(TensorDataset(x.as_subclass(TaggedTensor), y), batch_size=8),
         lambda x, y: DataLoader(TensorDataset(x.T.contiguous().T, y), batch_size=8),
         lambda x, y: DataLoader(TensorDataset(x, y), batch_size=None),
+        lambda x, y: DataLoader(TensorDataset(torch.randn(1, 40, 2).permute(1, 2, 0), y), batch_size=8),
+        lambda x, y: DataLoader(TensorDataset(torch.empty(40, 0, 5).transpose(1, 2), y), batch_size=8),
+        lambda x, y: DataLoader(Subset(TensorDataset(x, y), torch.tensor([3, 1], dtype=torch.uint8)), batch_size=2),
+        lambda x, y: DataLoader(Subset(TensorDataset(x, y), [1, True]), batch_size=2),
+        lambda x, y: DataLoader(Subset(TensorDataset(x, y), [torch.tensor([1]), torch.tensor([2])]), batch_size=2),
     ],
     ids=[
         "worker processes",
@@ -200,6 +205,11 @@ class Rows(Dataset):
         "a tensor subclass",
         "a tensor of another memory layout",
         "batch_size=None",
+        "strides of a size-1 dimension that a stack sets otherwise",
+        "no elements, strides a stack sets otherwise",
+        "Subset of uint8 indices (masks to torch)",
+        "Subset with a bool among its indices",
+        "Subset of one-element tensors",
     ],
 )
 def test_a_loader_whose_batches_reading_by_index_could_change_is_left_as_it_is(loader_of):
@@ -215,14 +225,93 @@ def test_a_loader_pinned_without_cuda_is_left_to_torch_which_warns_of_it():
     assert read_by_index(loader) is loader
 
 
-def test_indices_that_are_not_whole_numbers_fail_as_they_do_in_torch():
+@pytest.mark.parametrize(
+    "indices",
+    [[0, 1.5], [1, True], [np.int64(2), 3], [torch.tensor([1]), torch.tensor([2])], [torch.tensor(4), 2], [2**63, 1]],
+    ids=["a float", "a bool", "a NumPy integer", "one-element tensors", "a 0-d tensor", "beyond int64"],
+)
+def test_indices_other_than_python_ints_are_fetched_as_torch_fetches_them(indices):
     x, y, _ = points(40)
-    loader = DataLoader(TensorDataset(x, y), batch_sampler=[[0, 1.5], [2, 3]])
-    with pytest.raises(Exception) as torchs:
-        next(iter(loader))
-    with pytest.raises(Exception) as ours:
-        next(iter(read_by_index(loader)))
-    assert type(ours.value) is type(torchs.value) and str(ours.value) == str(torchs.value)
+    loader = DataLoader(TensorDataset(x, y), batch_sampler=[indices, [5, 6]])
+
+    def first_batch_or_error(loader):
+        try:
+            return next(iter(loader))
+        except Exception as error:
+            return type(error), str(error)
+
+    ours, torchs = first_batch_or_error(read_by_index(loader)), first_batch_or_error(loader)
+    if isinstance(torchs, tuple):
+        assert ours == torchs
+    else:
+        assert_same_batch(ours, torchs)
+
+
+def test_a_sampler_without_a_length_trains_as_with_torchs_fetch():
+    x, y, _ = points(96)
+
+    class Endless(torch.utils.data.Sampler):
+        def __iter__(self):
+            while True:
+                yield from torch.randperm(len(x)).tolist()
+
+    def fit_endless(collate_fn=None):
+        kt.seed_everything(0)
+        collate = {} if collate_fn is None else {"collate_fn": collate_fn}
+        loader = DataLoader(TensorDataset(x, y), batch_size=8, sampler=Endless(), **collate)
+        model = dropout_model()
+        history = model.fit(loader, epochs=2, steps_per_epoch=5, verbose=0)
+        return history, {k: v.clone() for k, v in model.net.state_dict().items()}, torch.random.get_rng_state()
+
+    assert_same_run(fit_endless(), fit_endless(by_sample))
+
+
+def test_a_pass_after_the_dataset_changed_is_torchs_own():
+    x, _, _ = points(40)
+    dataset = TensorDataset(x)
+    indexed = read_by_index(DataLoader(dataset, batch_size=8))
+    assert type(next(iter(indexed))[0]) is torch.Tensor
+    dataset.tensors = (x.T.contiguous().T,)  # a callback replacing the data between epochs: no longer row by row
+    batches = list(indexed)
+    assert all(torch.equal(batch[0], x[8 * i : 8 * i + 8]) for i, batch in enumerate(batches)) and len(batches) == 5
+
+
+def test_a_change_to_the_users_loader_during_fit_is_followed_as_without_reading_by_index(monkeypatch):
+    x, y, _ = points(96)
+
+    def halved(samples):
+        features, labels = default_collate(samples)
+        return [features * 0.5, labels]
+
+    def fit_with_curriculum():
+        loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
+
+        class Curriculum(kt.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                if epoch == 2:
+                    loader.collate_fn = halved  # DataLoader lets this be set at any time
+
+        kt.seed_everything(0)
+        model = dropout_model()
+        history = model.fit(loader, epochs=3, verbose=0, patience=None, callbacks=[Curriculum()])
+        return history, {k: v.clone() for k, v in model.net.state_dict().items()}, torch.random.get_rng_state()
+
+    followed = fit_with_curriculum()
+    monkeypatch.setattr(forms, "read_by_index", lambda loader: loader)
+    assert_same_run(followed, fit_with_curriculum())
+
+
+def test_torchs_profiler_sees_each_batch_of_a_pass_read_by_index_as_data():
+    x, y, _ = points(32)
+
+    def data_events(loader):
+        with torch.profiler.profile() as profiler:
+            batches = list(loader)
+        assert len(batches) == 4
+        return [event.name for event in profiler.events() if event.name.startswith("enumerate(DataLoader)#")]
+
+    loader = DataLoader(TensorDataset(x, y), batch_size=8)
+    assert len(data_events(read_by_index(loader))) == len(data_events(loader)) >= 4  # the end of the pass, too
 
 
 def dropout_model(seed=0):

@@ -22,18 +22,23 @@ hand-written loop over the same loader.
 A pass draws the random numbers torch's own makes, in the same order: the sampler's (the shuffle,
 drawn at the first batch) and the seed torch draws for worker processes when the pass begins. So the
 data order, and every random number the run draws after it, are those of the loader as given.
-Indices that are not whole numbers (a sampler of the user's own) are fetched sample by sample, as
-torch would, errors and all.
+Indices other than Python ints (a sampler of the user's own may give NumPy integers, tensors, bools)
+are fetched sample by sample, as torch fetches them, errors and all. A batch of tensors that require
+gradients comes from an index, not a stack: the same values and gradients, another ``grad_fn``.
 
-The loader comes back as a shallow copy of the given one, of a subclass that only changes how a pass
-fetches: its sampler, generator and dataset are the user's objects.
+The loader comes back as another face of the given one: an object of a subclass that only changes
+how a pass fetches, sharing the given loader's attributes (its ``__dict__``), so a change made to
+either, during ``fit`` too (a callback setting ``loader.collate_fn``), is seen by both. Each pass
+asks again whether it can read by index, and leaves the pass to torch when it no longer can (a
+``collate_fn`` set since, the dataset's tensors replaced by others). Under torch's profiler each batch
+is recorded as torch's loader records it, as an ``enumerate(DataLoader)`` event.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable, Iterator, Optional
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset, TensorDataset, default_collate
 
@@ -55,8 +60,9 @@ def read_by_index(loader: Any) -> Any:
     the speed (see the module's note), else ``loader`` itself."""
     if type(loader) is not DataLoader or not _fetches_as_indexed_can(loader):
         return loader
-    indexed = copy.copy(loader)
-    indexed.__class__ = IndexedLoader  # a class of its own: DataLoader's attributes and checks stay as they are
+    indexed = IndexedLoader.__new__(IndexedLoader)
+    # The same attributes, not a copy of them: what is set on either is set on both (see the module's note).
+    object.__setattr__(indexed, "__dict__", loader.__dict__)
     return indexed
 
 
@@ -64,6 +70,8 @@ class IndexedLoader(DataLoader):
     """A ``DataLoader`` whose passes read each batch by index (:func:`read_by_index` makes one)."""
 
     def _get_iterator(self) -> Any:
+        if not _fetches_as_indexed_can(self):  # changed since (a collate_fn set, other tensors): torch's pass
+            return super()._get_iterator()
         return IndexedPass(self)
 
 
@@ -80,15 +88,21 @@ class IndexedPass:
         assert read is not None, "read_by_index took a loader whose dataset it cannot read by index"
         self._read: RowsReader = read
         self._pin_device = _pin_device(loader) if loader.pin_memory else None
-        self._length = len(loader)
+        self._batch_sampler = loader.batch_sampler
 
     def __iter__(self) -> IndexedPass:
         return self
 
     def __len__(self) -> int:
-        return self._length
+        return len(self._batch_sampler)  # type: ignore[arg-type]  # asked when asked for, as torch's pass does
 
     def __next__(self) -> Any:
+        if _profiler_is_on():
+            with torch.autograd.profiler.record_function(_PROFILE_NAME):
+                return self._next_batch()
+        return self._next_batch()
+
+    def _next_batch(self) -> Any:
         indices = next(self._indices)
         rows = _as_rows(indices)
         if rows is not None:
@@ -100,15 +114,29 @@ class IndexedPass:
         return batch
 
 
+# The name of the event torch's profiler records for each batch of a pass: the prefix is torch's own,
+# which the profiler's views count as time spent on data.
+_PROFILE_NAME = "enumerate(DataLoader)#IndexedPass.__next__"
+
+
+def _profiler_is_on() -> bool:
+    # torch's own loader records an event at every batch; kept off the fast path while nobody profiles.
+    return bool(getattr(torch.autograd.profiler, "_is_profiler_enabled", True))
+
+
 def _as_rows(indices: Any) -> Optional[torch.Tensor]:
-    """A batch's indices as an int64 tensor, or None for anything but a non-empty list of whole numbers."""
-    if not isinstance(indices, list) or not indices:
+    """A batch's indices as an int64 tensor, or None for anything but a non-empty list of Python ints
+    (a bool is an int to Python, and a mask to torch's fetch; a NumPy integer or a tensor is left to torch too)."""
+    if type(indices) is not list or not indices or not all(type(index) is int for index in indices):
         return None
+    return _int64_or_none(indices)
+
+
+def _int64_or_none(indices: list | tuple) -> Optional[torch.Tensor]:
     try:
-        rows = torch.as_tensor(indices)
-    except (TypeError, ValueError, RuntimeError):
+        return torch.tensor(indices, dtype=torch.int64)
+    except (OverflowError, RuntimeError):  # an int beyond int64: torch's fetch says what of it
         return None
-    return rows if rows.dtype == torch.int64 and rows.dim() == 1 else None
 
 
 def rows_reader(dataset: Any) -> Optional[RowsReader]:
@@ -131,16 +159,21 @@ def rows_reader(dataset: Any) -> Optional[RowsReader]:
 
 
 def _positions(indices: Any) -> Optional[torch.Tensor]:
-    """A ``Subset``'s indices as an int64 tensor, or None when they are not whole numbers."""
+    """A ``Subset``'s indices as an int64 tensor, or None for indices torch's fetch may read otherwise
+    than as one row each: anything but a range, Python ints (not bools), or a 1-D tensor or NumPy
+    array of signed integers (an element of a uint8 or bool tensor is a mask to torch)."""
     if isinstance(indices, range):
         return torch.arange(indices.start, indices.stop, indices.step)
-    try:
-        positions = torch.as_tensor(indices)
-    except (TypeError, ValueError, RuntimeError):
-        return None
-    if positions.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8) or positions.dim() != 1:
-        return None
-    return positions.long()
+    if isinstance(indices, (list, tuple)):
+        return _int64_or_none(indices) if all(type(i) is int for i in indices) else None
+    if isinstance(indices, np.ndarray) and indices.dtype.kind == "i":
+        indices = torch.from_numpy(indices)
+    if isinstance(indices, torch.Tensor) and indices.dim() == 1 and indices.dtype in _SIGNED_INTEGERS:
+        return indices.long()
+    return None
+
+
+_SIGNED_INTEGERS = (torch.int64, torch.int32, torch.int16, torch.int8)
 
 
 def _fetches_as_indexed_can(loader: DataLoader) -> bool:
@@ -165,8 +198,25 @@ def _pin_device(loader: DataLoader) -> Optional[str]:
 
 
 def _all_contiguous(tensors: Any) -> bool:
-    # torch's own tensors only: a subclass may index a row and a batch of rows its own ways.
-    return all(type(tensor) is torch.Tensor and tensor.is_contiguous() for tensor in tensors)
+    """Dense tensors of torch's own class (a subclass may index a row and a batch of rows its own ways)
+    laid out row by row, every stride that of a contiguous tensor (``is_contiguous`` overlooks those of
+    dimensions of size 1, which a stack of rows and an index of them set differently)."""
+    return all(
+        type(tensor) is torch.Tensor
+        and not tensor.is_nested
+        and tensor.layout == torch.strided
+        and tensor.stride() == _row_major_strides(tensor.shape)
+        for tensor in tensors
+    )
+
+
+def _row_major_strides(shape: torch.Size) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of ``shape``, as ``torch.empty(shape)`` has them."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 __all__ = ["IndexedLoader", "read_by_index", "rows_reader"]
