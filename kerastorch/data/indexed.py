@@ -14,9 +14,9 @@ hand-written loop over the same loader.
 * a ``torch.utils.data.DataLoader`` itself (a subclass may iterate its own way), with no worker
   processes, automatic batching and torch's ``default_collate``;
 * over a ``TensorDataset``, the dataset kerastorch makes of arrays, or a ``Subset`` of one
-  (``random_split``, ``validation_split``), whose tensors are torch's own (not a subclass) and
-  contiguous (a row of another layout is stacked into a contiguous batch, which one index might not
-  give);
+  (``random_split``, ``validation_split``), whose tensors are torch's own (not a subclass), dense
+  and laid out row by row (a row of another layout is stacked into a contiguous batch, which one
+  index might not give);
 * unpinned, or pinned on CUDA (the batch is pinned as torch's loader pins it).
 
 A pass draws the random numbers torch's own makes, in the same order: the sampler's (the shuffle,

@@ -68,6 +68,7 @@ def fit(model: TrainableModel, data: FitData, settings: FitSettings, lr_schedule
     takes, stepped after each of them, for this run only."""
     plan = make_plan(settings.devices, model.net)
     plan.strategy.check(model)
+    runners = program_runners(model)  # a program's own step classes, which get the very loaders given
     train_data, val_data = prepare_data(
         data,
         settings.data.batch_size,
@@ -78,10 +79,10 @@ def fit(model: TrainableModel, data: FitData, settings: FitSettings, lr_schedule
         steps_per_epoch=settings.data.steps_per_epoch,
         validation_batch_size=settings.data.validation_batch_size,
         validation_steps=settings.data.validation_steps,
-        by_index=program_runners(model) is None,
+        by_index=runners is None,
     )
     check_model_for_fit(model, train_data, settings, sample_weight=data.sample_weight)
-    if program_runners(model) is None:  # a program's runner calls its scheduler itself
+    if runners is None:  # a program's runner calls its scheduler itself
         check_plateau_mode(model.lr_scheduler, settings.monitoring.monitor, settings.monitoring.mode)
         check_monitor_is_there_for_the_scheduler(
             model.lr_scheduler, settings.monitoring.monitor, logs_added_by(settings.callbacks)
