@@ -398,3 +398,12 @@ def test_evaluate_and_predict_over_a_loader_read_by_index_give_the_loaders_value
     by_sample_loader = DataLoader(TensorDataset(x, y), batch_size=32, collate_fn=by_sample)
     assert model.evaluate(plain, verbose=0) == model.evaluate(by_sample_loader, verbose=0)
     assert torch.equal(model.predict(plain), model.predict(by_sample_loader))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_pinned_loader_on_cuda_is_read_by_index_and_pinned_as_torch_pins_it():
+    x, y, _ = points()
+    assert_read_as_torch_reads(lambda: DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True, pin_memory=True))
+    batch = next(iter(read_by_index(DataLoader(TensorDataset(x, y), batch_size=16, pin_memory=True))))
+    assert all(tensor.is_pinned() for tensor in batch)
