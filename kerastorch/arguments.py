@@ -55,7 +55,7 @@ from .settings import (
 )
 from .strategies import Strategy, parse_strategy
 from .training.history import history_columns
-from .training.meters import is_stateful_metric
+from .training.metric_meters import is_stateful_metric
 
 
 def fit_arguments(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import pandas as pd
 import torch
@@ -19,7 +19,10 @@ from torch import nn
 from tqdm.std import tqdm as text_tqdm
 
 from . import arguments
+from .checks.model import check_model_parts
 from .compat.module import ModuleLike
+from .data.batches import check_labels_at, describe_reading, split_batch, split_inputs, split_sample_weight
+from .data.sample_weights import weighted_loss
 from .devices.runtime import Runtime
 from .files.weights import load_weights, save_weights
 from .strategies import Strategy, unwrap
@@ -29,11 +32,142 @@ from .tools import tuning
 from .tools.doctor import Diagnosis
 from .tools.interpret import Interpretation
 from .tools.tuning import LRFinderResult
-from .training import evaluation, run, step
-from .training.parts import ModelParts
+from .training import evaluation, loop, run
+from .training.labels import AS_GIVEN, LabelFix, label_fix
+from .training.metric_meters import check_metrics
+from .training.outputs import NoLossError, describe_output, has_fields, own_loss, predictions_of
 
-# The default train_step and the model calls it makes (see KerasModel.uses_default_step_calls).
-_DEFAULT_STEP_CALLS = ("train_step", "autocast", "backward", "optimizer_step")
+
+class ModelParts:
+    """A net, its loss, metrics, optimizer and scheduler, and how a batch goes through them.
+
+    Subclass and override :meth:`forward_batch` (and :meth:`predict_batch`) for a batch
+    layout or a loss that the defaults and ``labels_at`` do not cover.
+    """
+
+    net: torch.nn.Module
+    loss_fn: Optional[Any]
+    metrics_dict: dict
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: Optional[Any]
+    lr_scheduler_interval: str
+    labels_at: Optional[Union[int, str]]
+    label_fix: Optional[LabelFix]  # decided on the first batch of a run; None until then
+
+    def set_parts(
+        self,
+        net: torch.nn.Module,
+        loss_fn: Optional[Any],
+        metrics_dict: Optional[dict],
+        optimizer: Optional[torch.optim.Optimizer],
+        lr_scheduler: Optional[Any],
+        lr_scheduler_interval: str,
+        labels_at: Optional[Union[int, str]] = None,
+    ) -> None:
+        """Check and keep the parts; Adam with lr=1e-3 when no optimizer is given."""
+        check_model_parts(net, loss_fn, lr_scheduler, lr_scheduler_interval)
+        self.net = net
+        self.loss_fn = loss_fn
+        self.metrics_dict = check_metrics(metrics_dict)
+        self.optimizer = optimizer if optimizer is not None else torch.optim.Adam(net.parameters(), lr=1e-3)
+        self.lr_scheduler = lr_scheduler
+        self.lr_scheduler_interval = lr_scheduler_interval
+        self.labels_at = check_labels_at(labels_at)
+        self.start_reading()
+
+    def start_reading(self, say: Optional[Callable[[str], Any]] = None) -> None:
+        """Read the next batch afresh: a run (fit, evaluate) decides on its first batch how it reads
+        the labels and the net's output, keeps that for its other batches, and ``say``s it once."""
+        self.label_fix = None
+        self._say_reading = say
+
+    def forward_batch(self, batch: Any) -> tuple[torch.Tensor, Any, Any]:
+        """Turn one batch into ``(loss, preds, labels)``; ``loss`` is the batch mean.
+
+        The default reads ``(x, y)``, ``(x1, ..., xn, y)`` or a dict with a ``labels`` key (or the
+        labels where ``labels_at`` says), calls the net and ``loss_fn``. Without a ``loss_fn``, the
+        net computes its own loss: a dict batch goes to it whole, labels included, and its output's
+        ``loss`` is used (a Hugging Face model's ``ModelOutput``, or any object or dict with
+        ``loss``); the predictions are the output's ``logits``. Labels of shape ``(N,)`` for outputs
+        ``(N, 1)`` and integer labels for a loss that needs floats are fixed as Keras does
+        (:mod:`~kerastorch.training.labels`). Override it for anything else; training,
+        evaluation, the meters and the callbacks all go through it. A batch with sample weights (a
+        ``sample_weight`` key in a dict, or what ``fit(sample_weight=..., class_weight=...)`` makes)
+        gets the weighted loss of :mod:`kerastorch.data.sample_weights`.
+        """
+        kwargs: dict[str, Any]
+        if type(batch) in (list, tuple) and len(batch) == 2 and self.labels_at is None:
+            # (x, y), the usual batch: read as the two calls below would read it, without their
+            # cost (about 1.7 us a step on a 2-core CPU).
+            plain, sample_weight, args, kwargs, labels = batch, None, (batch[0],), {}, batch[1]
+        else:
+            plain, sample_weight = split_sample_weight(batch)
+            args, kwargs, labels = split_batch(plain, self.labels_at)
+        if self.loss_fn is None and isinstance(plain, dict):
+            kwargs = plain  # the net computes its own loss: it gets the labels too (Hugging Face's way)
+        output = self.net(*args, **kwargs)
+        preds = output if isinstance(output, torch.Tensor) else predictions_of(output)  # the common case first
+        if isinstance(labels, torch.Tensor) and isinstance(preds, torch.Tensor) and labels.device != preds.device:
+            labels = labels.to(preds.device, non_blocking=True)  # a net spread over devices ends on another one
+        fix = self.label_fix if self.label_fix is not None else self._decide_reading(plain, output, preds, labels)
+        if self.loss_fn is None:
+            loss = own_loss(output)
+            if sample_weight is not None:
+                raise ValueError(
+                    "Sample weights need each sample's loss, but the net computes its own (one number for the batch, "
+                    "as loss_fn is None). Pass a loss_fn (e.g. nn.CrossEntropyLoss()) to weight the samples."
+                )
+            return loss, preds, labels  # type: ignore[return-value]
+        loss_labels = labels
+        if fix is not AS_GIVEN:  # decided on the first batch: a view or a cast, no wait for the device
+            loss_labels, labels = fix.for_loss(labels), fix.for_metrics(labels)
+        if sample_weight is not None:
+            return weighted_loss(self.loss_fn, preds, loss_labels, sample_weight), preds, labels
+        return self.loss_fn(preds, loss_labels), preds, labels
+
+    @property
+    def uses_default_forward_batch(self) -> bool:
+        """True unless a subclass overrides :meth:`forward_batch` (the loss and the batch layout are then its own)."""
+        return type(self).forward_batch is ModelParts.forward_batch
+
+    def predict_batch(self, batch: Any) -> Any:
+        """The net's output for one batch (its ``logits`` for an output with fields); labels in the batch,
+        if any, are ignored (read as ``forward_batch`` reads them)."""
+        args, kwargs = split_inputs(batch, self.labels_at)
+        return predictions_of(self.net(*args, **kwargs))
+
+    def _decide_reading(self, batch: Any, output: Any, preds: Any, labels: Any) -> LabelFix:
+        """On a run's first batch: the net's own loss or the labels fixed for ``loss_fn``, said once."""
+        if self.loss_fn is None:
+            if own_loss(output) is None:
+                kind = type(self).__name__
+                raise NoLossError(
+                    f"{kind} has no loss_fn. Pass one, e.g. {kind}(net, loss_fn=nn.CrossEntropyLoss()), or let the "
+                    "net compute its own (as Hugging Face models do: a dict batch with 'labels' goes to the net "
+                    "whole, and its output's .loss is used). kerastorch called "
+                    f"{describe_reading(batch, self.labels_at, labels_to_net=isinstance(batch, dict))}, and the net "
+                    f"returned {describe_output(output)}, which has no loss. Or override forward_batch to compute "
+                    "the loss yourself."
+                )
+            fix = AS_GIVEN
+            note = (
+                f"No loss_fn: the net computes its own loss. kerastorch calls "
+                f"{describe_reading(batch, self.labels_at, labels_to_net=isinstance(batch, dict))} and uses the "
+                f"output's loss; the metrics and predict get its {'logits' if has_fields(output) else 'output'}."
+            )
+        else:
+            fix = label_fix(self.loss_fn, preds, labels)
+            note = fix.note
+            if has_fields(output):
+                note = (
+                    f"The net returns {describe_output(output)}: the loss, the metrics and predict get its logits. "
+                    + note
+                )
+        self.label_fix = fix
+        say = getattr(self, "_say_reading", None)
+        if note and say is not None:
+            say(note)
+        return fix
 
 
 class KerasModel(ModuleLike, ModelParts):
@@ -94,7 +228,7 @@ class KerasModel(ModuleLike, ModelParts):
         self.history = pd.DataFrame()
         self.stop_training = False
         self.runtime: Optional[Runtime] = None
-        self.fit_step: Optional[step.FitStep] = None  # set while fit trains
+        self.fit_step: Optional[loop.FitStep] = None  # set while fit trains
         self.run_id: Optional[str] = None  # the Weights & Biases run's id, once a WandbLogger started one
         # The last fit's choices, read back by programs (model.ckpt_path, model.mode).
         self.ckpt_path: Optional[Union[str, os.PathLike]] = None
@@ -408,14 +542,6 @@ class KerasModel(ModuleLike, ModelParts):
         """True unless a subclass overrides :meth:`train_step` (fit then checks the first batch inside it)."""
         return type(self).train_step is KerasModel.train_step
 
-    @property
-    def uses_default_step_calls(self) -> bool:
-        """True when :meth:`train_step` and the three calls it makes (:meth:`autocast`, :meth:`backward`,
-        :meth:`optimizer_step`) are all KerasModel's own: fit then runs that step with the calls made
-        directly (:class:`~kerastorch.training.step.FitStep`), the same step with fewer frames per batch."""
-        own = type(self)
-        return all(getattr(own, name) is getattr(KerasModel, name) for name in _DEFAULT_STEP_CALLS)
-
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of a batch's loss, inside :meth:`train_step` (scaled and accumulated as fit was asked)."""
         self._running_step("backward").backward(loss)
@@ -429,7 +555,7 @@ class KerasModel(ModuleLike, ModelParts):
         """The run's mixed-precision context for the forward pass and the loss (a no-op in full precision)."""
         return self._running_step("autocast").runtime.autocast()
 
-    def _running_step(self, name: str) -> step.FitStep:
+    def _running_step(self, name: str) -> loop.FitStep:
         if self.fit_step is None:
             raise RuntimeError(f"model.{name}() works inside train_step while fit trains; it was called outside fit.")
         return self.fit_step

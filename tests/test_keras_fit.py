@@ -48,15 +48,17 @@ def losses_of(net, X, y):
 
 
 class IdsSeen(nn.Module):
-    """A net that records which samples it sees, in training and in eval mode (column 0 is the id)."""
+    """A net that records which samples it sees, in training and in eval mode (column 0 is the id);
+    what it sees in eval mode before training (the first-batch checks' look) apart."""
 
     def __init__(self):
         super().__init__()
         self.linear = nn.Linear(1, 2)
-        self.seen = {"train": set(), "eval": set()}
+        self.seen = {"train": set(), "eval": set(), "checked": set()}
 
     def forward(self, x):
-        self.seen["train" if self.training else "eval"].update(int(i) for i in x[:, 0])
+        mode = "train" if self.training else "eval" if self.seen["train"] else "checked"
+        self.seen[mode].update(int(i) for i in x[:, 0])
         return self.linear(x[:, 1:])
 
 
@@ -82,6 +84,9 @@ def test_validation_split_trains_on_keras_floor_and_validates_the_last_samples(n
     frozen(net).fit(X, y, validation_split=fraction, epochs=1, batch_size=4, verbose=0)
     assert net.seen["train"] == set(range(trained))
     assert net.seen["eval"] == set(range(trained, n))
+    checked = net.seen["checked"]  # the first batch of each (the training batches are shuffled)
+    assert len(checked & set(range(trained))) == min(4, trained)
+    assert checked - set(range(trained)) == set(range(trained, min(trained + 4, n)))
 
 
 def test_validation_split_on_a_dataset_takes_the_same_floor():
@@ -89,6 +94,7 @@ def test_validation_split_on_a_dataset_takes_the_same_floor():
     net = IdsSeen()
     frozen(net).fit(TensorDataset(torch.tensor(X), torch.tensor(y)), validation_split=0.2, epochs=1, verbose=0)
     assert net.seen["train"] == set(range(27)) and net.seen["eval"] == set(range(27, 34))
+    assert net.seen["checked"] == set(range(34))  # the first batch of each, one batch of 32 for training
 
 
 # -- data forms -----------------------------------------------------------------------------------

@@ -522,13 +522,19 @@ def test_multi_label_with_integer_0_1_labels_trains_and_the_metric_gets_them_as_
 
 
 def test_messages_name_the_data_the_user_passed_the_validation_split():
-    X, y = torch.randn(40, 4), torch.randint(0, 3, (40,))
-    model = kt.KerasModel(nn.Linear(4, 3), nn.CrossEntropyLoss(),
-                          {"acc": torchmetrics.Accuracy(task="multiclass", num_classes=2)})  # fmt: skip
+    # The training labels fit the metric; the validation labels hold a class it does not know.
+    X, y = torch.randn(40, 4), torch.cat([torch.randint(0, 2, (20,)), torch.full((20,), 2)])
+
+    def two_class_accuracy(preds, labels):
+        if labels.max() > 1:
+            raise ValueError("this accuracy knows the classes 0 and 1")
+        return (preds.argmax(1) == labels).float().mean()
+
+    model = kt.KerasModel(nn.Linear(4, 3), nn.CrossEntropyLoss(), {"acc": two_class_accuracy})
     with pytest.raises(ValueError, match="Metric 'acc' failed on the first batch of the validation split"):
         model.fit(X, y, validation_split=0.5, epochs=1, verbose=0)
     with pytest.raises(ValueError, match="Metric 'acc' failed on the first batch of validation_data"):
-        model.fit(X, y, validation_data=(X, y), epochs=1, verbose=0)
+        model.fit(X[:20], y[:20], validation_data=(X[20:], y[20:]), epochs=1, verbose=0)
 
 
 # -- the README's example and the package's weight -----------------------------------------------

@@ -27,6 +27,10 @@ class CallbackList:
     def wants(self, hook: str) -> bool:
         return bool(self._listeners[hook])
 
+    def listeners(self, hook: str) -> list:
+        """The callbacks' bound ``hook`` methods, in order: what the loop calls at every batch."""
+        return self._listeners[hook]
+
     def call(self, hook: str, *args: Any) -> None:
         for fn in self._listeners[hook]:
             fn(*args)

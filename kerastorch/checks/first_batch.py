@@ -1,11 +1,14 @@
 """The first batch, run through the net, the loss and copies of the metrics before the first weight
 changes: a wrong batch layout, a net/loss mismatch or a metric that does not fit the outputs
-fails now, with a message that says how kerastorch read the batch and what to fix, not after an
-epoch of training.
+fails now, with a message that names the part that failed (the batch, a module of the net, the
+loss), says how kerastorch read the batch and what to fix, not after an epoch of training.
 
-A ``train_step`` of the user's own is tried as it is (:func:`check_own_step`): once, on the first
-batch, inside a snapshot of everything a step changes, so nothing has changed afterwards; what it
-returns tells the history's columns before the first epoch (:class:`StepOutline`).
+The checks run once, after ``on_train_begin`` and before the first epoch
+(:func:`check_first_batches`), on the first batch of the training and the validation data,
+fetched with the data order left as it was. A ``train_step`` of the user's own is tried as it is
+(:func:`try_own_step`) before the callbacks begin: once, on the first batch, inside a snapshot of
+everything a step changes, so nothing has changed afterwards; what it returns tells the history's
+columns before the first epoch (:class:`StepOutline`).
 """
 
 from __future__ import annotations
@@ -15,17 +18,20 @@ import copy
 import dataclasses
 import difflib
 import re
-from typing import Any, Callable, Iterator, NamedTuple, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 import torch
 
+from ..callbacks.callback_list import CallbackList
 from ..data.batches import BatchError, describe_batch, describe_reading, unpack
 from ..data.forms import holds_arrays
-from ..data.peek import FirstPass, NoBatchesError, dry_run_first_pass, first_batch
+from ..data.peek import first_batch
 from ..settings import MonitorSettings
+from ..strategies import unwrap
 from ..tools.snapshot import training_snapshot
 from ..training.history import history_columns
-from ..training.meters import (
+from ..training.loop import FitStep
+from ..training.metric_meters import (
     MetricCopies,
     is_stateful_metric,
     metric_copies_for,
@@ -35,6 +41,7 @@ from ..training.meters import (
     scalar_metric_value,
 )
 from ..training.metric_sync import is_torchmetrics
+from ..training.modes import eval_mode, train_mode
 from ..training.outputs import NoLossError
 
 REGRESSION_LOSSES = (torch.nn.MSELoss, torch.nn.L1Loss, torch.nn.SmoothL1Loss, torch.nn.HuberLoss)
@@ -64,54 +71,98 @@ def broadcast_mismatch(loss_fn: Any, preds: Any, labels: Any) -> Optional[str]:
     )
 
 
-def check_first_batch(model: Any, data: Any, runtime: Any, name: str) -> Optional[FirstPass]:
-    """Run the first batch through the net, the loss and copies of the metrics, in eval mode and
-    without gradients, so a wrong batch layout, a net/loss mismatch or a metric that does not
-    fit the outputs fails before any weight changes. ``name`` is what the user called the data.
+def check_first_batches(model: Any, train_data: Any, val_data: Optional[Any], runtime: Any, names: Any) -> None:
+    """Before the first epoch (and after ``on_train_begin``, whose changes to the data count): the first
+    batch of the training data, then of the validation data, through the net, the loss and copies of
+    the metrics (:func:`check_batch`). The data order and every random generator are left as they
+    were (:func:`~kerastorch.data.peek.first_batch`). A ``train_step`` of the user's own was tried
+    already (:func:`try_own_step`): its training batch is not checked again here.
 
-    Returns the pass over ``data`` that the batch began, when it can be the next pass over it
-    (:class:`~kerastorch.data.peek.FirstPass`): the first validation then does not fetch it again."""
-    seen: dict = {}
+    Every process checks the same batches (the data before each takes its share), so a check fails
+    on all of them or on none."""
+    if model.uses_default_train_step:
+        check_batch(model, first_batch(train_data, names.train_name), runtime, names.train_name)
+    if val_data is not None:
+        check_batch(model, first_batch(val_data, names.val_name), runtime, names.val_name)
 
-    def forward(batch: Any) -> Any:
-        seen["batch"] = batch
-        with runtime.autocast():
-            return model.forward_batch(runtime.to_device(batch))
 
+def check_batch(model: Any, batch: Any, runtime: Any, name: str) -> None:
+    """Run ``batch`` through the net, the loss and copies of the metrics, in eval mode and without
+    gradients, so a wrong batch layout, a net/loss mismatch or a metric that does not fit the
+    outputs fails before any weight changes, naming the part that failed (:class:`Culprit`).
+    ``name`` is what the user called the data."""
+    batch = runtime.to_device(batch)
+    culprit = Culprit(model.net)
     try:
-        (loss, preds, labels), kept = dry_run_first_pass(model.net, data, name, forward)
-    except (BatchError, NoBatchesError, NoLossError):
-        raise
-    except Exception as error:
-        raise _wrapped(error, name, _first_batch_hint(model, seen.get("batch"), error)) from error
-    check_first_outputs(model, loss, preds, labels, runtime, name)
-    return kept
-
-
-def checked_first_step(
-    model: Any,
-    batch: Any,
-    runtime: Any,
-    name: str = "train_data",
-    adopt: Optional[Callable[[str, Any], bool]] = None,
-) -> tuple[torch.Tensor, Any, Any]:
-    """The default ``train_step`` on the run's first training batch, with :func:`check_first_batch`'s
-    checks between the forward pass and the backward: they cost no pass of their own, and a
-    failure still comes before any weight changes. (The forward pass in train mode has moved
-    BatchNorm's running statistics by then: a run that ends before its first epoch does gets
-    the weights and buffers from before training back from ``RestoreBestWeights``.) ``adopt``: see
-    :func:`check_metrics_on`."""
-    try:
-        with model.autocast():  # the model's, as the default train_step's: a subclass may override it
+        with eval_mode(model.net, model.loss_fn), torch.no_grad(), culprit.watching(), runtime.autocast():
             loss, preds, labels = model.forward_batch(batch)
     except (BatchError, NoLossError):
         raise
     except Exception as error:
-        raise _wrapped(error, name, _first_batch_hint(model, batch, error)) from error
-    check_first_outputs(model, loss, preds, labels, runtime, name, adopt)
-    model.backward(loss)
-    model.optimizer_step()
-    return loss, preds, labels
+        raise _wrapped(error, name, culprit.part(model), _first_batch_hint(model, batch, error, culprit)) from error
+    check_first_outputs(model, loss, preds, labels, runtime, name)
+
+
+class Culprit:
+    """Which part of a batch's forward pass raised: reading the batch, a module of the net (by its
+    name in the net), the net's own ``forward``, or what comes after the net (the loss). Forward
+    hooks on every module say where the pass got to; they are removed when the block ends."""
+
+    def __init__(self, net: torch.nn.Module):
+        self.net = net
+        self.names = {module: name for name, module in unwrap(net).named_modules()}
+        self.inside: list[torch.nn.Module] = []  # the modules entered and not yet left, outermost first
+        self.failed_in: Optional[torch.nn.Module] = None
+        self.net_entered = self.net_done = False
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        handles = []
+        for module in self.net.modules():
+            handles.append(module.register_forward_pre_hook(self._enter))
+            handles.append(module.register_forward_hook(self._leave))
+        try:
+            yield
+        except Exception:
+            self.failed_in = self.inside[-1] if self.inside else None
+            raise
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _enter(self, module: torch.nn.Module, args: Any) -> None:
+        self.net_entered = True
+        self.inside.append(module)
+
+    def _leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self.inside and self.inside[-1] is module:
+            self.inside.pop()
+        if module is self.net:
+            self.net_done = True
+
+    @property
+    def in_net(self) -> bool:
+        return self.net_entered and not self.net_done
+
+    def part(self, model: Any) -> str:
+        """The part that failed, in words: "inside the net, in module 'conv2' (Conv2d(...))", "in the loss"."""
+        if not self.net_entered:
+            return "before reaching the net (reading the batch)"
+        if self.in_net:
+            name = self.names.get(self.failed_in) if self.failed_in is not None else None
+            if not name:
+                return f"in the forward of the net ({type(unwrap(self.net)).__name__})"
+            return f"inside the net, in its module {name!r} ({_short(self.failed_in)})"
+        loss = getattr(model, "loss_fn", None)
+        if loss is None or not model.uses_default_forward_batch:
+            return "after the net (in forward_batch)"
+        return f"in the loss ({_short(loss)})"
+
+
+def _short(module: Any) -> str:
+    text = repr(module) if isinstance(module, torch.nn.Module) else type(module).__name__
+    text = " ".join(text.split())
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 # -- a train_step of the user's own -------------------------------------------------------------
@@ -166,24 +217,26 @@ def outline_of(outputs: Any) -> StepOutline:
     )
 
 
-def check_own_step(model: Any, data: Any, runtime: Any, name: str, run_step: Callable[[Any], Any]) -> StepOutline:
-    """Try the model's own ``train_step`` once on the first batch of ``data`` (``run_step(batch)`` runs it
-    as fit will), inside a snapshot of the weights, every optimizer and module the model holds, the
-    scheduler, the grad scaler and the random generators: a mistake fails now, with the batch it got,
-    and nothing has changed afterwards. Returns what the step returns, outlined."""
+def try_own_step(model: Any, data: Any, runtime: Any, settings: Any, name: str) -> StepOutline:
+    """Try the model's own ``train_step`` once on the first batch of ``data``, as fit's first step runs
+    it (train mode, a group of one batch, the optimizers stepped, with a :class:`FitStep` of its own
+    and no callbacks), inside a snapshot of the weights, every optimizer and module the model holds,
+    the scheduler, the grad scaler and the random generators: a mistake fails now, with the batch it
+    got, and nothing has changed afterwards. Returns what the step returns, outlined."""
     batch = runtime.to_device(first_batch(data, name))
     with trial_snapshot(model, [data], runtime):
+        model.fit_step = FitStep(model, runtime, settings, CallbackList([], model, {}))
         try:
-            outputs = run_step(batch)
+            with train_mode(model.net):
+                model.fit_step.start_epoch(1)
+                outputs = model.fit_step.run(0, batch)
         except (BatchError, NoLossError):
             raise
         except Exception as error:
-            raise _wrapped(
-                error,
-                name,
-                f" kerastorch gave your train_step the first batch: {describe_batch(batch)}.",
-                what="your train_step failed",
-            ) from error
+            hint = f" kerastorch gave your train_step the first batch: {describe_batch(batch)}."
+            raise _wrapped(error, name, "", hint, own_step=True) from error
+        finally:
+            model.fit_step = None
         outline = outline_of(outputs)
         if outline.values is None:
             loss, preds, labels = outputs
@@ -241,7 +294,6 @@ def check_first_outputs(
     labels: Any,
     runtime: Any,
     name: str,
-    adopt: Optional[Callable[[str, Any], bool]] = None,
 ) -> None:
     """The loss is one number, outputs and labels do not broadcast into each other, and every
     metric takes the outputs: checked on the first batch, before any weight changes."""
@@ -256,7 +308,7 @@ def check_first_outputs(
             "forward_batch."
         )
     copies = metric_copies_for(model, runtime.outputs_device)  # the model's, which its meters take too
-    check_metrics_on(model.metrics_dict, preds, labels, name, copies, runtime.num_processes, adopt)
+    check_metrics_on(model.metrics_dict, preds, labels, name, copies, runtime.num_processes)
 
 
 def check_metrics_on(
@@ -266,16 +318,13 @@ def check_metrics_on(
     name: str,
     copies: MetricCopies,
     processes: int = 1,
-    adopt: Optional[Callable[[str, Any], bool]] = None,
 ) -> None:
     """Update and compute a copy of every metric on one batch: a metric that does not fit the
     outputs (3 classes into Accuracy(num_classes=2)) fails now, not after an epoch of training.
     In one process, a copy is computed only on outputs of a kind (dtypes, shapes past the batch
     dimension) none of the metric's copies computed one number from before: the update is what
     reads the values.
-    The copies come from ``copies``, and go back to it for the run's meters; ``adopt(key, copy)``,
-    when given, may keep a copy as it is, holding this batch (the training meter takes the copy
-    of the batch it meters next: :meth:`~kerastorch.training.meters.EpochMeters.adopt`).
+    The copies come from ``copies``, and go back to it for the run's meters.
     Under several processes, a metric whose state is plain Python numbers (which cannot be
     summed over processes) is refused too: it would report one process's share alone."""
     preds = metric_friendly(preds)
@@ -296,7 +345,7 @@ def check_metrics_on(
                         copies.note_one_number(metric, kind)
                 else:
                     scalar_metric_value(metric(preds, labels), key)
-                if is_stateful_metric(metric) and not (adopt is not None and adopt(key, trial)):
+                if is_stateful_metric(metric):
                     copies.give_back(metric, trial)
         except Exception as error:
             raise ValueError(
@@ -319,10 +368,12 @@ def _number_states(metric: Any) -> dict[str, Any]:
     return {k: v for k, v in vars(metric).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def _first_batch_hint(model: Any, batch: Any, error: Optional[Exception] = None) -> str:
+def _first_batch_hint(
+    model: Any, batch: Any, error: Optional[Exception] = None, culprit: Optional[Culprit] = None
+) -> str:
     """How kerastorch read the batch, and what usually causes a first batch to fail when the batch (and
     torch's ``error``) shows it: the fix to try. The hint about where the labels are comes only when no
-    other cause shows."""
+    other cause shows and the batch's layout could be the cause (:func:`_layout_may_be_wrong`)."""
     if batch is None:
         return ""
     labels_at = getattr(model, "labels_at", None)
@@ -363,6 +414,8 @@ def _first_batch_hint(model: Any, batch: Any, error: Optional[Exception] = None)
             "it: (x, y, sample_weight). If that tuple's second array is an input of the net, not its labels, group "
             "the inputs: fit(((X1, X2), y)) or fit((X1, X2), y)."
         )
+    if not _layout_may_be_wrong(batch, args, kwargs, labels, text, culprit):
+        return said
     if isinstance(batch, (list, tuple)) and len(batch) >= 2:
         where = "first" if labels_at is None else "at another place"
         return said + (
@@ -376,6 +429,28 @@ def _first_batch_hint(model: Any, batch: Any, error: Optional[Exception] = None)
             "batches the same way. For any other layout override forward_batch (and predict_batch)."
         )
     return said
+
+
+def _layout_may_be_wrong(
+    batch: Any, args: tuple, kwargs: dict, labels: Any, text: str, culprit: Optional[Culprit]
+) -> bool:
+    """Whether reading the batch another way could fix the failure: the net got something that looks
+    like labels (a 1-d integer tensor), or a batch of three or more items (which is the labels?), or a
+    dict whose keys the net refused as keyword arguments; or the loss got labels whose first dimension
+    is not the inputs'. A failure inside the net on inputs that look like features is the net's own."""
+    inputs = [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
+    if culprit is not None and not culprit.net_entered:
+        return True
+    if isinstance(batch, dict):
+        return "keyword argument" in text or "positional argument" in text
+    if isinstance(batch, (list, tuple)) and len(batch) >= 3:
+        return True
+    if any(t.dim() == 1 and not (t.is_floating_point() or t.is_complex()) for t in inputs):
+        return True  # an input that looks like class ids: are the labels first?
+    if culprit is not None and culprit.in_net:
+        return False
+    rows = {t.shape[0] for t in inputs if t.dim() > 0}
+    return isinstance(labels, torch.Tensor) and labels.dim() > 0 and bool(rows) and labels.shape[0] not in rows
 
 
 CLASS_ID_LOSSES = (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)
@@ -441,14 +516,18 @@ def _integer_inputs_hint(net: Any, inputs: list, weights: list, labels: Any, tex
     )
 
 
-def _wrapped(error: Exception, name: str, hint: str = "", what: str = "failed in the net or the loss") -> Exception:
+def _wrapped(error: Exception, name: str, part: str, hint: str = "", own_step: bool = False) -> Exception:
+    """``error`` again, its message saying which data's first batch failed and where, then the hint."""
     said = str(error)
     if hint and not said.rstrip().endswith((".", "!", "?")):
         said = said.rstrip() + "."  # torch's text often has no full stop, and the hint is a new sentence
-    if what == "failed in the net or the loss":
-        message = f"The first batch of {name} {what}, before training started: {said}{hint}"
+    if own_step:
+        message = (
+            f"On the first batch of {name}, your train_step failed, before training started (nothing has changed): "
+        )
     else:
-        message = f"On the first batch of {name}, {what}, before training started (nothing has changed): {said}{hint}"
+        message = f"The first batch of {name} failed {part}, before training started (nothing has changed): "
+    message += said + hint
     try:
         return type(error)(message)
     except Exception:  # an exception type that takes other arguments
@@ -456,13 +535,14 @@ def _wrapped(error: Exception, name: str, hint: str = "", what: str = "failed in
 
 
 __all__ = [
+    "Culprit",
     "StepOutline",
     "broadcast_mismatch",
-    "check_first_batch",
+    "check_batch",
+    "check_first_batches",
     "check_first_outputs",
     "check_metrics_on",
-    "check_own_step",
-    "checked_first_step",
     "monitor_for_columns",
     "outline_of",
+    "try_own_step",
 ]

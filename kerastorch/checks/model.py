@@ -17,7 +17,34 @@ import torch
 from ..compat.runners import check_runner_fit, program_runners
 from ..data.peek import num_batches
 from ..settings import FitSettings
-from ..training.parts import check_loss_fn
+
+
+def check_model_parts(net: Any, loss_fn: Any, lr_scheduler: Any, lr_scheduler_interval: Any) -> None:
+    """What KerasModel and LightModel refuse at construction."""
+    if not isinstance(net, torch.nn.Module):
+        raise TypeError(f"net must be a torch.nn.Module; got a {type(net).__name__}.")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable, like nn.CrossEntropyLoss(); got a {type(loss_fn).__name__}.")
+    if lr_scheduler_interval not in ("epoch", "step"):
+        raise ValueError(f"lr_scheduler_interval={lr_scheduler_interval!r}; use 'epoch' or 'step'.")
+    if lr_scheduler_interval == "step" and isinstance(lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise ValueError("ReduceLROnPlateau needs an epoch's monitored value; use lr_scheduler_interval='epoch'.")
+
+
+def check_loss_fn(model: Any, net_may_compute_it: bool = True) -> None:
+    """A loss object, not its class. No loss at all is fine when the net may compute its own (found on
+    the first batch), or a custom ``forward_batch`` or ``train_step`` needs none."""
+    if isinstance(model.loss_fn, type):
+        name = model.loss_fn.__name__
+        raise TypeError(
+            f"loss_fn is the class {name}, not a loss. Pass an instance: loss_fn=nn.{name}() (note the brackets)."
+        )
+    if model.loss_fn is None and not net_may_compute_it and model.uses_default_forward_batch:
+        kind = type(model).__name__
+        raise ValueError(
+            f"{kind} has no loss_fn. Pass one, e.g. {kind}(net, loss_fn=nn.CrossEntropyLoss()), "
+            "or override forward_batch to compute the loss yourself."
+        )
 
 
 def check_model_for_fit(model: Any, train_loader: Any, settings: FitSettings, sample_weight: Any = None) -> None:

@@ -37,7 +37,7 @@ import torch
 
 from ..callbacks.base import hooks_of
 from ..callbacks.callback_list import CallbackList
-from ..data.batches import batch_size_of
+from ..data.batches import inputs_count
 from ..data.peek import dry_run_first_batch
 from ..devices.runtime import Runtime
 from ..training.modes import eval_mode
@@ -309,7 +309,7 @@ class RunnerEpochs:
                 callbacks.call(f"on_{hooks}_batch_begin", batch_index, {})
             batch = self.runtime.to_device(batch)
             step_losses, step_metrics = _two_dicts(runner(batch))
-            values.add(step_losses, step_metrics, batch_size_of(batch, None))
+            values.add(step_losses, step_metrics, inputs_count(batch))
             if on_end:
                 callbacks.call(f"on_{hooks}_batch_end", batch_index, values.running())
             if stage == "train" and self.model.stop_training:  # set by a batch hook: stop after this batch

@@ -188,18 +188,27 @@ def describe_reading(batch: Any, labels_at: Optional[Union[int, str]] = None, la
     return said + ("; sample weights beside them" if weight is not None else "")
 
 
-def batch_size_of(labels: Any, preds: Any, batch: Any = None) -> int:
-    """Number of samples in a batch, read from shapes only (no device sync): from the labels, the
-    predictions, or (a custom step that returns named values) the batch itself."""
-    if isinstance(labels, torch.Tensor) and labels.dim() > 0:  # nearly always: it runs every step
-        return labels.shape[0]
-    for obj in (labels, preds, batch):
-        tensor = first_tensor(obj)
-        if tensor is not None and tensor.dim() > 0:
-            return tensor.shape[0]
-    if isinstance(labels, (list, tuple)):
-        return len(labels)
-    return 1
+def inputs_count(batch: Any, labels_at: Optional[Union[int, str]] = None) -> int:
+    """How many samples a batch holds, read from its inputs' shapes (no device sync): the first
+    dimension of the first input, or the length of a list of inputs (a detector's images); for a
+    batch without labels (a ``train_step`` of the user's own), the first tensor's.
+
+    >>> inputs_count((torch.zeros(3, 2), [{"boxes": torch.zeros(0, 4)}] * 3))
+    3
+    """
+    try:
+        args, kwargs = split_inputs(batch, labels_at)
+    except BatchError:
+        args, kwargs = (batch,), {}
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            if value.dim() > 0:
+                return value.shape[0]
+        elif isinstance(value, (list, tuple)) and value:
+            first = first_tensor(value)
+            return first.shape[0] if isinstance(value, tuple) and first is not None and first.dim() > 0 else len(value)
+    tensor = first_tensor(batch)
+    return tensor.shape[0] if tensor is not None and tensor.dim() > 0 else 1
 
 
 def first_tensor(obj: Any):

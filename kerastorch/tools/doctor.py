@@ -37,9 +37,9 @@ from ..data.peek import rng_untouched
 from ..devices.runtime import Runtime, runtime_for_net
 from ..settings import DataSettings, StepSettings
 from ..training.labels import label_fix
+from ..training.loop import FitStep
 from ..training.modes import eval_mode, train_mode
 from ..training.protocols import TrainableModel
-from ..training.step import FitStep
 from .snapshot import training_snapshot, workers_as_they_were
 
 SEVERITIES = ("error", "warning", "info")

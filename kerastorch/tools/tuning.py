@@ -30,17 +30,18 @@ import pandas as pd
 import torch
 
 from ..callbacks.callback_list import CallbackList
-from ..checks.first_batch import check_first_batch
+from ..checks.first_batch import check_batch
+from ..checks.model import check_loss_fn
 from ..data.batches import unpack
 from ..data.forms import FitData, prepare_data
+from ..data.peek import first_batch
 from ..devices.placement import place_parts
 from ..devices.plan import make_plan
 from ..devices.runtime import build_runtime
 from ..settings import DataSettings, DeviceSettings, FinderSettings, FitSettings, StepSettings
 from ..strategies import strategy_for_net
-from ..training.parts import check_loss_fn
+from ..training.loop import FitStep
 from ..training.protocols import TrainableModel
-from ..training.step import FitStep
 from .plots import new_figure
 from .snapshot import training_snapshot
 
@@ -91,7 +92,7 @@ def lr_find(
     model: TrainableModel, data: FitData, devices: DeviceSettings, data_settings: DataSettings, finder: FinderSettings
 ) -> LRFinderResult:
     """The learning-rate range test (see the module docstring); the model is left exactly as it was."""
-    check_loss_fn(model)  # type: ignore[arg-type]
+    check_loss_fn(model)
     plan = make_plan(devices, model.net)
     if plan.where == "workers":  # one process is enough to find a rate: the first of the devices asked for
         plan = dataclasses.replace(plan, where="here", devices=plan.devices[:1], strategy=strategy_for_net(model.net))
@@ -110,7 +111,7 @@ def lr_find(
         runtime = build_runtime(plan)
         try:
             place_parts(model, runtime)
-            check_first_batch(model, train_loader, runtime, "train_data")
+            check_batch(model, first_batch(train_loader, "train_data"), runtime, "train_data")
             steps = FitStep(model, runtime, StepSettings(), CallbackList([], model, {}))
             model.fit_step = steps
             model.net.train()

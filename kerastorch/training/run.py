@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import math
 import warnings
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pandas as pd
 import torch
@@ -35,12 +35,12 @@ from ..callbacks.ray_report import ray_train_report
 from ..callbacks.terminate_on_nan import TerminateOnNaN
 from ..callbacks.training_state import TrainingState, resumed_history, training_state_path, training_states_in
 from ..callbacks.wandb_logger import WandbLogger
-from ..checks.first_batch import StepOutline, check_first_batch, check_own_step, monitor_for_columns
+from ..checks.first_batch import StepOutline, check_batch, check_first_batches, monitor_for_columns, try_own_step
 from ..checks.model import check_model_for_fit
 from ..compat.runners import ProgramRunners, RunnerEpochs, check_runner_monitor, program_runners, runner_columns
 from ..data.forms import FitData, prepare_data
 from ..data.loaders import per_process_training_data, per_process_validation_data, training_labels
-from ..data.peek import FirstPass, num_batches
+from ..data.peek import first_batch, num_batches
 from ..data.sample_weights import check_weighted_loss, class_weight_table
 from ..devices.launch import run_in_workers
 from ..devices.placement import place_parts
@@ -51,14 +51,14 @@ from ..strategies import cpu_state_dict, unwrap
 from ..tools.doctor import check_before_fit
 from .compiling import compiled_net
 from .history import history_frame
-from .loop import FitEpochs, fit_loop
-from .meters import EpochMeters, metric_copies_for
-from .parts import ModelParts
+from .loop import FitEpochs, FitStep, fit_loop
+from .meters import EpochMeters
+from .metric_meters import metric_copies_for
+from .modes import modes_kept
 from .position import RunPosition
 from .preemption import Preempted, Preemption, preemption_for, signals_passed_to_workers
 from .protocols import Epochs, TrainableModel
 from .schedulers import check_monitor_is_there_for_the_scheduler, check_plateau_mode, try_scheduler
-from .step import FitStep, run_once
 
 
 def fit(model: TrainableModel, data: FitData, settings: FitSettings, lr_schedule: Any = None) -> pd.DataFrame:
@@ -142,7 +142,7 @@ def class_weights_for(model: TrainableModel, train_data: Any, data: FitData, set
         for word, value in (("class_weight=", settings.data.class_weight), ("sample_weight=", data.sample_weight))
         if value is not None
     ]
-    if asked and type(model).forward_batch is ModelParts.forward_batch:
+    if asked and model.uses_default_forward_batch:
         check_weighted_loss(model.loss_fn, " and ".join(asked))
     if settings.data.class_weight is None:
         return None
@@ -168,101 +168,89 @@ def fit_here(
     model.runtime = runtime
     # A run decides on its first batch how it reads the labels and the net's output, and says it once.
     model.start_reading(say=model.print if settings.output.verbose else None)
+    preemption = preemption_for(runtime)
     meters: dict[str, EpochMeters] = {}
     try:
-        place_parts(model, runtime)
-        runners = program_runners(model)  # a program's own step class, or None
-        checks_ride_on_first_step: Optional[str] = None
-        outline = StepOutline()
-        first_val_pass: Optional[FirstPass] = None
-        columns: Optional[list[str]]
-        if runners is None:
-            checks_ride_on_first_step, outline, first_val_pass = check_first_batches(
-                model, train_data, val_data, runtime, settings
-            )
-            columns = outline.columns(settings.metric_names(model.metrics_dict), val_data is not None)
-            columns += [name for name in logs_added_by(settings.callbacks) if name not in columns]
-            if not model.uses_default_train_step:  # the step named its values on its trial: monitor one of them
-                monitoring = monitor_for_columns(settings.monitoring, columns, outline.values)
-                step = dataclasses.replace(settings.step, monitor=monitoring.monitor)
-                settings = dataclasses.replace(settings, monitoring=monitoring, step=step)
-        else:
-            columns = columns_of_runner(model, runners, train_data, val_data, runtime, settings)
-        # A program's runner gathers over the processes at every batch: they must all run as many.
-        sharing = runtime.strategy.training(model, runtime, train_data, val_data, even_validation=runners is not None)
-        with sharing as (train_loader, val_loader), compiled_net(model, settings.devices.compile):
-            train_loader = per_process_training_data(
-                train_loader, settings.data, class_weights, followed=keeps_training_state(settings)
-            )
-            val_loader = per_process_validation_data(val_loader, settings.data)
-            if not runtime.is_main_process:  # one process prints, draws and logs
-                settings = dataclasses.replace(settings, output=settings.output.silenced())
-            meters = epoch_meters(model, runtime, settings, outline) if runners is None else {}
-            position, preemption = RunPosition(meters.get("train")), preemption_for(runtime)
-            callbacks = callbacks_for_fit(
-                model, settings, train_loader, val_loader, columns, position, preemption, mid_epoch=runners is None
-            )
-            steps = FitStep(model, runtime, settings.step, callbacks, checks_ride_on_first_step, meters.get("train"))
-            stages: Epochs
+        # From here on a preemption signal stops the run cleanly, also during the trial of a train_step.
+        with preemption.signals_watched(), modes_kept(model.net):
+            place_parts(model, runtime)
+            runners = program_runners(model)  # a program's own step class, or None
+            outline = StepOutline()
+            columns: Optional[list[str]]
             if runners is None:
-                stages = FitEpochs(model, runtime, callbacks, meters, steps, position, preemption, first_val_pass)
+                outline, columns, settings = fits_own_columns(model, train_data, val_data, runtime, settings)
             else:
-                unchecked = settings.monitoring.monitor if columns is None else None
-                stages = RunnerEpochs(model, runners, runtime, callbacks, unchecked_monitor=unchecked)
-            if settings.output.verbose:
-                model.print(f"{runtime.describe()}; {what_is_kept(settings.monitoring)}")
-            return train_with_callbacks(
-                model,
-                stages,
-                train_loader,
-                val_loader,
-                runtime,
-                callbacks,
-                steps,
-                settings,
-                columns,
-                position,
-                preemption,
+                columns = columns_of_runner(model, runners, train_data, val_data, runtime, settings)
+            # A program's runner gathers over the processes at every batch: they must all run as many.
+            sharing = runtime.strategy.training(
+                model, runtime, train_data, val_data, even_validation=runners is not None
             )
+            with sharing as (train_loader, val_loader), compiled_net(model, settings.devices.compile):
+                train_loader = per_process_training_data(
+                    train_loader, settings.data, class_weights, followed=keeps_training_state(settings)
+                )
+                val_loader = per_process_validation_data(val_loader, settings.data)
+                if not runtime.is_main_process:  # one process prints, draws and logs
+                    settings = dataclasses.replace(settings, output=settings.output.silenced())
+                meters = epoch_meters(model, runtime, settings, outline) if runners is None else {}
+                position = RunPosition(meters.get("train"))
+                callbacks = callbacks_for_fit(
+                    model, settings, train_loader, val_loader, columns, position, preemption, mid_epoch=runners is None
+                )
+                fit_step = FitStep(model, runtime, settings.step, callbacks)
+                epochs: Epochs
+                first_check: Optional[Callable[[], None]] = None
+                if runners is None:
+                    epochs = FitEpochs(model, runtime, callbacks, meters, fit_step, position, preemption)
+                    first_check = functools.partial(
+                        check_first_batches, model, train_data, val_data, runtime, settings.data
+                    )
+                else:
+                    unchecked = settings.monitoring.monitor if columns is None else None
+                    epochs = RunnerEpochs(model, runners, runtime, callbacks, unchecked_monitor=unchecked)
+                if settings.output.verbose:
+                    model.print(f"{runtime.describe()}; {what_is_kept(settings.monitoring)}")
+                return train_with_callbacks(
+                    model,
+                    epochs,
+                    train_loader,
+                    val_loader,
+                    runtime,
+                    callbacks,
+                    fit_step,
+                    settings,
+                    columns,
+                    position,
+                    preemption,
+                    first_check,
+                )
     finally:
         for stage in meters.values():
             stage.give_back_copies()
         runtime.teardown()
 
 
-def check_first_batches(
-    model: TrainableModel,
-    train_data: Any,
-    val_data: Optional[Any],
-    runtime: Runtime,
-    settings: FitSettings,
-) -> tuple[Optional[str], StepOutline, Optional[FirstPass]]:
-    """Check the first batches against the net, loss and metrics, and try a train_step of the user's
-    own. Returns the training data's name when its checks ride on the real first step instead, what
-    the train_step returns, and the pass over the validation data that its checked batch began,
-    when the first validation can go on with it (one process; see :class:`FirstPass`).
-
-    One process and the default train_step: the training batch is checked inside the real first
-    step, at no cost. Otherwise by a pass of its own, before any process starts training (a check
-    failing on one rank alone would leave the others waiting): the user's own train_step runs once
-    inside a snapshot (:func:`~kerastorch.checks.first_batch.check_own_step`).
-    """
-    names = settings.data
+def fits_own_columns(
+    model: TrainableModel, train_data: Any, val_data: Optional[Any], runtime: Runtime, settings: FitSettings
+) -> tuple[StepOutline, list[str], FitSettings]:
+    """The history's columns of a run with fit's own epochs, known before the callbacks begin: a
+    ``train_step`` of the user's own is tried once to see what it returns (:func:`try_own_step`), and
+    the monitored value is one of its values. A net with lazy modules (``nn.LazyLinear``, sized by its
+    first batch as a Keras ``Dense`` is) gets its weights from a first batch now, before anything
+    copies them."""
+    name = settings.data.train_name
+    if has_lazy_parameters(model.net):
+        check_batch(model, first_batch(train_data, name), runtime, name)
     outline = StepOutline()
-    # A net with lazy modules (nn.LazyLinear, sized by its first batch as a Keras Dense is) gets its
-    # weights from a forward pass: the separate check gives it that before anything copies them.
-    rides = runtime.num_processes == 1 and model.uses_default_train_step and not has_lazy_parameters(model.net)
     if not model.uses_default_train_step:
-        run_step = functools.partial(run_once, model, runtime, settings.step)
-        outline = check_own_step(model, train_data, runtime, names.train_name, run_step)
-    elif not rides:
-        check_first_batch(model, train_data, runtime, names.train_name)
-    first_val_pass = None
-    if val_data is not None:
-        first_val_pass = check_first_batch(model, val_data, runtime, names.val_name)
-    if runtime.num_processes > 1:  # each process validates on its own share of the data, not on this pass
-        first_val_pass = None
-    return (names.train_name if rides else None), outline, first_val_pass
+        outline = try_own_step(model, train_data, runtime, settings.step, name)
+    columns = outline.columns(settings.metric_names(model.metrics_dict), val_data is not None)
+    columns += [name for name in logs_added_by(settings.callbacks) if name not in columns]
+    if not model.uses_default_train_step:  # the step named its values on its trial: monitor one of them
+        monitoring = monitor_for_columns(settings.monitoring, columns, outline.values)
+        step = dataclasses.replace(settings.step, monitor=monitoring.monitor)
+        settings = dataclasses.replace(settings, monitoring=monitoring, step=step)
+    return outline, columns, settings
 
 
 def has_lazy_parameters(net: torch.nn.Module) -> bool:
@@ -314,39 +302,43 @@ def epoch_meters(
     reduce_sum = runtime.reduce_sum if runtime.num_processes > 1 else None
     copies = metric_copies_for(model, device)  # the model's, shared with the first-batch checks
     weighted = settings.weighted_metrics
-    val = EpochMeters("val", model.metrics_dict, device, reduce_sum, weighted, copies=copies)
+    labels_at = model.labels_at
+    val = EpochMeters("val", model.metrics_dict, device, reduce_sum, weighted, copies=copies, labels_at=labels_at)
     if outline is not None and outline.values is not None:
-        return {"train": EpochMeters("train", {}, device, reduce_sum, values=outline.values), "val": val}
-    train = EpochMeters("train", model.metrics_dict, device, reduce_sum, weighted, copies=copies)
+        train = EpochMeters("train", {}, device, reduce_sum, values=outline.values, labels_at=labels_at)
+        return {"train": train, "val": val}
+    train = EpochMeters("train", model.metrics_dict, device, reduce_sum, weighted, copies=copies, labels_at=labels_at)
     return {"train": train, "val": val}
 
 
 def train_with_callbacks(
     model: TrainableModel,
-    stages: Epochs,
+    epochs: Epochs,
     train_loader: Any,
     val_loader: Optional[Any],
     runtime: Runtime,
     callbacks: CallbackList,
-    steps: FitStep,
+    fit_step: FitStep,
     settings: FitSettings,
     columns: Optional[list[str]],
     position: Optional[RunPosition] = None,
     preemption: Optional[Preemption] = None,
+    first_check: Optional[Callable[[], None]] = None,
 ) -> pd.DataFrame:
     """The epochs between ``on_train_begin`` and ``on_train_end``; Ctrl-C returns the history so far,
     a preemption signal raises :class:`~kerastorch.training.preemption.Preempted` once the state is written.
 
-    ``columns`` are the history's columns after ``epoch`` (None: known only once an epoch ran).
+    ``columns`` are the history's columns after ``epoch`` (None: known only once an epoch ran);
+    ``first_check`` checks the first batches, after ``on_train_begin`` and before the first epoch.
     """
     rows: list[dict] = []
     model.stop_training = False
-    model.fit_step = steps  # what model.backward / model.optimizer_step use inside train_step
+    model.fit_step = fit_step  # what model.backward / model.optimizer_step use inside train_step
     callbacks.call("on_train_begin", {})
     rows.extend(resumed_history(callbacks))
     # Whether this run goes on from a saved training state (a CSVLogger then drops the rows a kill left past it).
     callbacks.params["resumed"] = any(state.resumed_epoch is not None for state in training_states_in(callbacks))
-    steps.epochs_done = len(rows)  # a timm scheduler counts the updates of the epochs already done
+    fit_step.epochs_done = len(rows)  # a timm scheduler counts the updates of the epochs already done
     if len(rows) > settings.epochs:  # the saved run went further than asked: show the epochs asked for
         model.print(
             f"The training state holds {len(rows)} epochs; epochs={settings.epochs} returns the first "
@@ -359,9 +351,11 @@ def train_with_callbacks(
     stopped_by: Optional[BaseException] = None  # the error that ends the run, if one does
     try:
         if not model.stop_training:  # a resumed run that had already stopped early stays stopped
+            if first_check is not None:
+                first_check()
             fit_loop(
                 model,
-                stages,
+                epochs,
                 train_loader,
                 val_loader,
                 runtime,
@@ -561,8 +555,14 @@ def _fit_as_worker(
     plan: Plan,
     class_weights: Optional[torch.Tensor],
 ) -> dict:
-    history = fit_here(model, train_data, val_data, settings, plan, class_weights)
-    return results_of(model, history)
+    """One worker's run; the main one's results go back to the caller. A preempted run sends its
+    results too (its best weights and history), with the :class:`Preempted` the caller raises."""
+    preempted: Optional[Preempted] = None
+    try:
+        history = fit_here(model, train_data, val_data, settings, plan, class_weights)
+    except Preempted as error:
+        history, preempted = model.history, error
+    return {**results_of(model, history), "preempted": preempted}
 
 
 def results_of(model: TrainableModel, history: pd.DataFrame) -> dict:
@@ -577,7 +577,8 @@ def results_of(model: TrainableModel, history: pd.DataFrame) -> dict:
 
 
 def take_results(model: TrainableModel, results: dict) -> pd.DataFrame:
-    """Load what the main worker sent back into the caller's model; return the history."""
+    """Load what the main worker sent back into the caller's model; return the history (or raise the
+    :class:`Preempted` the workers stopped with, once the caller's model holds their results)."""
     unwrap(model.net).load_state_dict(results["weights"])
     model.optimizer.load_state_dict(results["optimizer"])
     if model.lr_scheduler is not None and results["lr_scheduler"] is not None:
@@ -585,6 +586,8 @@ def take_results(model: TrainableModel, results: dict) -> pd.DataFrame:
     model.stop_training = results["stop_training"]
     model.runtime = None
     model.history = history_frame(results["history"])
+    if results.get("preempted") is not None:
+        raise results["preempted"]
     return model.history
 
 
