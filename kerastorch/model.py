@@ -474,7 +474,9 @@ class KerasModel(ModuleLike, ModelParts):
         falls to ``max_lr / 25e4`` by the last one; the history's ``lr`` column shows the cycle.
         ``max_lr=None`` runs :meth:`lr_find` first and uses its suggestion (printed). Every
         other argument is ``fit``'s. A model built with its own ``lr_scheduler`` is refused:
-        the cycle is the schedule.
+        the cycle is the schedule. When it returns (also after an early stop, Ctrl-C or an
+        error) the optimizer's learning rates, momentum and betas are as they were, so a
+        ``fit`` after it trains at the optimizer's own rate, not at the cycle's last one.
 
         Example::
 

@@ -19,11 +19,12 @@ what training at that rate exploits (Smith's range test).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import math
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pandas as pd
@@ -36,12 +37,13 @@ from ..data.batches import unpack
 from ..data.forms import FitData, prepare_data
 from ..data.peek import first_batch
 from ..devices.placement import place_parts
-from ..devices.plan import make_plan
+from ..devices.plan import Plan, make_plan
 from ..devices.runtime import build_runtime
 from ..settings import DataSettings, DeviceSettings, FinderSettings, FitSettings, StepSettings
 from ..strategies import strategy_for_net
 from ..training.loop import FitStep
 from ..training.protocols import TrainableModel
+from ..training.schedulers import hyperparameters_kept, updates_per_epoch
 from .plots import new_figure
 from .snapshot import training_snapshot
 
@@ -183,6 +185,37 @@ class OneCycle:
         return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=self.max_lr, total_steps=total_steps)
 
 
+@contextlib.contextmanager
+def scheduled_for_this_run(
+    model: TrainableModel, lr_schedule: Any, settings: FitSettings, plan: Plan, train_loader: Any
+) -> Iterator[FitSettings]:
+    """The model's scheduler replaced by ``lr_schedule``'s for the run, stepped after every optimizer
+    step; the settings say so. Nothing changes without a schedule.
+
+    When the run ends (also early, on Ctrl-C or an error) the model gets its own scheduler settings
+    back and the optimizer its learning rates, momentum and betas as they were: torch's ``OneCycleLR``
+    leaves the rate at a tiny fraction of ``max_lr``, and a ``fit`` after ``fit_one_cycle`` would
+    otherwise train at that rate."""
+    if lr_schedule is None:
+        yield settings
+        return
+    steps = updates_per_epoch(train_loader, plan.num_processes, settings)
+    if steps is None:
+        raise ValueError(
+            "fit_one_cycle plans its schedule from the number of batches in an epoch, and this training "
+            "data has no length: pass steps_per_epoch=..."
+        )
+    epochs = settings.epochs - settings.initial_epoch  # the epochs this run trains
+    own = model.lr_scheduler, model.lr_scheduler_interval
+    with hyperparameters_kept(model.optimizer):
+        model.lr_scheduler = lr_schedule.scheduler(model.optimizer, total_steps=epochs * steps)
+        model.lr_scheduler_interval = "step"
+        try:
+            yield dataclasses.replace(settings, step=dataclasses.replace(settings.step, scheduler_interval="step"))
+        finally:
+            model.lr_scheduler, model.lr_scheduler_interval = own
+
+
 def steepest_descent(lrs: np.ndarray, losses: np.ndarray) -> float:
     """The learning rate where ``losses`` fall fastest against ``log10(lrs)``, before their minimum.
 
@@ -241,4 +274,4 @@ def _from_rank_zero(value: float) -> float:
     return float(box[0])
 
 
-__all__ = ["LRFinderResult", "OneCycle", "finder_for_fit", "lr_find", "steepest_descent"]
+__all__ = ["LRFinderResult", "OneCycle", "finder_for_fit", "lr_find", "scheduled_for_this_run", "steepest_descent"]

@@ -14,12 +14,10 @@ progress bar — are callbacks, chosen from the settings in :func:`callbacks_for
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import math
 import warnings
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import pandas as pd
 import torch
@@ -49,6 +47,7 @@ from ..devices.runtime import Runtime, build_runtime
 from ..settings import FitSettings
 from ..strategies import cpu_state_dict, unwrap
 from ..tools.doctor import check_before_fit
+from ..tools.tuning import scheduled_for_this_run
 from .compiling import compiled_net
 from .history import history_frame
 from .loop import FitEpochs, FitStep, fit_loop
@@ -58,7 +57,12 @@ from .modes import modes_kept
 from .position import RunPosition
 from .preemption import Preempted, Preemption, preemption_for, signals_passed_to_workers
 from .protocols import Epochs, TrainableModel
-from .schedulers import check_monitor_is_there_for_the_scheduler, check_plateau_mode, try_scheduler
+from .schedulers import (
+    check_monitor_is_there_for_the_scheduler,
+    check_planned_steps,
+    check_plateau_mode,
+    try_scheduler,
+)
 
 
 def fit(model: TrainableModel, data: FitData, settings: FitSettings, lr_schedule: Any = None) -> pd.DataFrame:
@@ -87,6 +91,7 @@ def fit(model: TrainableModel, data: FitData, settings: FitSettings, lr_schedule
         check_monitor_is_there_for_the_scheduler(
             model.lr_scheduler, settings.monitoring.monitor, logs_added_by(settings.callbacks)
         )
+        check_planned_steps(model.lr_scheduler, train_data, plan.num_processes, settings)
         try_scheduler(model, settings.step.scheduler_interval, settings.monitoring.monitor)
     if settings.doctor:
         check_before_fit(model, train_data, val_data)
@@ -99,40 +104,6 @@ def fit(model: TrainableModel, data: FitData, settings: FitSettings, lr_schedule
             with signals_passed_to_workers():
                 return take_results(model, run_in_workers(plan, work))
         return fit_here(model, train_data, val_data, settings, plan, class_weights)
-
-
-@contextlib.contextmanager
-def scheduled_for_this_run(
-    model: TrainableModel, lr_schedule: Any, settings: FitSettings, plan: Plan, train_loader: Any
-) -> Iterator[FitSettings]:
-    """The model's scheduler replaced by ``lr_schedule``'s for the run, stepped after every optimizer
-    step; the settings say so. Nothing changes without a schedule."""
-    if lr_schedule is None:
-        yield settings
-        return
-    steps = updates_per_epoch(train_loader, plan.num_processes, settings)
-    epochs = settings.epochs - settings.initial_epoch  # the epochs this run trains
-    model.lr_scheduler = lr_schedule.scheduler(model.optimizer, total_steps=epochs * steps)
-    model.lr_scheduler_interval = "step"
-    try:
-        yield dataclasses.replace(settings, step=dataclasses.replace(settings.step, scheduler_interval="step"))
-    finally:
-        model.lr_scheduler, model.lr_scheduler_interval = None, "epoch"
-
-
-def updates_per_epoch(train_loader: Any, num_processes: int, settings: FitSettings) -> int:
-    """How many optimizer steps one process takes in an epoch: its share of the batches (the
-    shares are padded to equal), over the accumulation steps."""
-    batches = settings.data.steps_per_epoch
-    if batches is None:
-        total = num_batches(train_loader)
-        if not total:
-            raise ValueError(
-                "fit_one_cycle plans its schedule from the number of batches in an epoch, and this training "
-                "data has no length: pass steps_per_epoch=..."
-            )
-        batches = math.ceil(total / num_processes)
-    return math.ceil(batches / settings.step.accumulation_steps)
 
 
 def class_weights_for(model: TrainableModel, train_data: Any, data: FitData, settings: FitSettings) -> Any:
