@@ -49,6 +49,23 @@ def test_the_top_level_holds_a_dozen_modules_or_fewer_and_each_folder_says_what_
         assert docstring and len(docstring) > 80, f"{init.parent.name}/__init__.py says nothing of what lives there"
 
 
+def test_fit_s_callbacks_are_built_in_callbacks_without_the_run():
+    """callbacks/ sits below the run: it builds fit's own callbacks from the settings, and the run imports them."""
+    from kerastorch.callbacks.for_fit import callbacks_for_fit
+    from kerastorch.training import run
+
+    assert run.callbacks_for_fit is callbacks_for_fit
+    imports = {
+        inside: [
+            ast.unparse(node) for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)
+        ]
+        for inside, path in package_modules().items()
+        if inside.startswith("callbacks/")
+    }
+    assert not {inside: found for inside, found in imports.items() if any("training.run" in line for line in found)}
+    assert any("..settings" in line for line in imports["callbacks/for_fit.py"])
+
+
 # -- strategies as objects -------------------------------------------------------------------------
 
 # What telling strategies apart looks like: their classes, their engines' types, and their words compared.

@@ -3,7 +3,7 @@ stopping, the live plot, Weights & Biases, the training state, the reports to Ra
 its workers) and the progress bar, beside the user's callbacks.
 
 Each built-in callback takes the settings group it needs whole (``ProgressBar.for_fit(output)``,
-``EarlyStopping.for_fit(monitoring, ...)``), so a new keyword of ``fit`` that one of them reads
+``EarlyStopping.for_fit(monitoring, output)``), so a new keyword of ``fit`` that one of them reads
 reaches it without passing through here.
 """
 
@@ -71,7 +71,7 @@ def callbacks_for_fit(
         )
         chosen = [TerminateOnNaN(verbose=says), best_weights]
     if watch.monitor is not None and watch.patience is not None and not users_stoppers:
-        chosen.append(EarlyStopping.for_fit(watch, says))
+        chosen.append(EarlyStopping.for_fit(watch, output))
     if best_weights is not None:
         best_weights.stoppers = early_stoppings_in([*chosen, *settings.callbacks])
     if output.plot:
