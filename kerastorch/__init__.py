@@ -9,8 +9,8 @@ Who owns what, in the order a ``fit`` call goes through them:
 | concern | where | what it owns |
 | --- | --- | --- |
 | the user's objects | ``model.py`` | ``KerasModel``: the net, loss, metrics, optimizer; its methods hand their keywords to the door |
-| keywords | ``arguments.py`` (the door) | every keyword's check, aliases (Keras's, torchkeras's, Lightning's words), ``"auto"`` resolved |
-| settings | ``settings.py`` | the frozen groups the door builds; everything downstream trusts them |
+| keywords | ``arguments.py`` (the door) | the call in kerastorch's words (Keras's, torchkeras's aliases), checks that join keywords, ``"auto"`` resolved |
+| settings | ``settings.py`` | the frozen groups, each built and checked by name from the call (``from_keywords``); downstream trusts them |
 | data | ``data/`` | one adapter per data form, turning it into loaders; reading a batch into inputs, labels, weights |
 | where | ``devices/`` | Lightning's device words, who started us (torchrun, SLURM, MPI, Kubeflow, Ray), the plan, the runtime |
 | how processes share the work | ``strategies/`` | single device, model parallel, DDP, FSDP behind one protocol; nothing else asks which runs |

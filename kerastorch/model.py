@@ -10,8 +10,9 @@ predict, :mod:`~kerastorch.callbacks` every optional behaviour and
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import pandas as pd
 import torch
@@ -392,7 +393,7 @@ class KerasModel(ModuleLike, ModelParts):
         Returns:
             The history, a pandas DataFrame (also kept as ``model.history``).
         """
-        data, settings = arguments.fit_arguments(self, **_keywords(locals()))
+        data, settings = arguments.fit_arguments(self, _called(locals()))
         return self._fit(data, settings)
 
     def _fit(self, data: Any, settings: Any, lr_schedule: Any = None) -> pd.DataFrame:
@@ -456,7 +457,7 @@ class KerasModel(ModuleLike, ModelParts):
             result = model.lr_find(dl_train)
             model.optimizer.param_groups[0]["lr"] = result.suggestion
         """
-        data, devices_settings, data_settings, finder = arguments.finder_arguments(self, **_keywords(locals()))
+        data, devices_settings, data_settings, finder = arguments.finder_arguments(_called(locals()))
         self.start_reading()  # this data's first batch decides how its labels are read
         return tuning.lr_find(self, data, devices_settings, data_settings, finder)
 
@@ -489,7 +490,10 @@ class KerasModel(ModuleLike, ModelParts):
                 "KerasModel without lr_scheduler=, or call fit instead."
             )
         max_lr = arguments.max_lr_argument(max_lr)
-        data, settings = arguments.fit_arguments(self, train_data, val_data, epochs, **fit_arguments)
+        # fit's arguments as a call to fit binds them: fit's signature is the only one written.
+        called = inspect.signature(KerasModel.fit).bind(self, train_data, val_data, epochs, **fit_arguments)
+        called.apply_defaults()
+        data, settings = arguments.fit_arguments(self, _called(called.arguments))
         if max_lr is None:
             max_lr = tuning.lr_find(self, *tuning.finder_for_fit(data, settings)).suggestion
             if settings.output.verbose:
@@ -604,7 +608,7 @@ class KerasModel(ModuleLike, ModelParts):
             ``{"val_loss": ..., "val_<metric>": ...}``, exact over the samples (the history's names);
             with ``return_dict=False``, ``[val_loss, val_<metric>, ...]`` or a single float.
         """
-        given, settings = arguments.evaluate_arguments(self, **_keywords(locals()))
+        given, settings = arguments.evaluate_arguments(_called(locals()))
         return evaluation.evaluate(self, given, settings)
 
     def predict(
@@ -648,7 +652,7 @@ class KerasModel(ModuleLike, ModelParts):
 
             tags = model.predict(dl_test, concatenate=False)  # [(16, 11, 5), (16, 9, 5), ...]
         """
-        given, settings = arguments.predict_arguments(self, **_keywords(locals()))
+        given, settings = arguments.predict_arguments(_called(locals()))
         return evaluation.predict(self, given, settings)
 
     # -- diagnosis and interpretation ----------------------------------------------------
@@ -675,7 +679,7 @@ class KerasModel(ModuleLike, ModelParts):
             A :class:`~kerastorch.tools.doctor.Diagnosis`: ``.findings``, ``.errors``; printing it is a
             short report (in Jupyter a table).
         """
-        data, data_settings = arguments.doctor_arguments(self, **_keywords(locals()))
+        data, data_settings = arguments.doctor_arguments(_called(locals()))
         self.start_reading()  # this data's first batch decides how its labels are read
         return doctor_module.doctor(self, data, data_settings, num_batches=num_batches, overfit_steps=overfit_steps)
 
@@ -723,9 +727,10 @@ class KerasModel(ModuleLike, ModelParts):
             text_tqdm.write(" ".join(str(a) for a in args))
 
 
-def _keywords(called_with: dict) -> dict:
-    """A method's arguments as it was called with them (its ``locals()`` on entry), for the door."""
-    return {name: value for name, value in called_with.items() if name != "self"}
+def _called(arguments: Mapping[str, Any]) -> dict:
+    """A method's arguments as it was called with them, every parameter by name with its default
+    filled in (its ``locals()`` on entry, or its signature bound to a call), for the door."""
+    return {name: value for name, value in arguments.items() if name != "self"}
 
 
 __all__ = ["KerasModel"]

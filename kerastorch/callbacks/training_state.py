@@ -56,7 +56,7 @@ from ..devices.main_process import read_on_main_process
 from ..files.atomic import remove_stale_temporary_files
 from ..files.background import BackgroundWriter
 from ..files.host_memory import copy_too_large, host_tensor_bytes
-from ..files.state import load_state_file, to_plain, write_plain_state
+from ..files.state import load_state_file, to_plain, training_state_path, write_plain_state
 from ..strategies import strategy_of, unwrap
 from ..training.position import EpochResume, RunPosition
 from ..training.rng import capture_rng_state, restore_rng_state
@@ -67,11 +67,6 @@ from .terminate_on_nan import losses_are_finite
 STATE_FORMAT = "kerastorch.training_state"
 STATE_VERSION = 2
 SaveFreq = Union[str, int, bool]
-
-
-def training_state_path(ckpt_path: str | os.PathLike) -> str:
-    """Where ``fit(ckpt_path=..., resume=True)`` keeps the training state: ``ckpt_path + ".state"``."""
-    return os.fspath(ckpt_path) + ".state"
 
 
 def check_save_freq(save_freq: Any, owner: str) -> SaveFreq:

@@ -28,6 +28,12 @@ import torch
 from .atomic import atomic_write
 from .weights import load_plain
 
+
+def training_state_path(ckpt_path: str | os.PathLike) -> str:
+    """Where ``fit(ckpt_path=..., resume=True)`` keeps the training state: ``ckpt_path + ".state"``."""
+    return os.fspath(ckpt_path) + ".state"
+
+
 _PLAIN_LEAVES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
 
 
@@ -94,4 +100,4 @@ def load_state_file(path: str | os.PathLike) -> dict:
     return state
 
 
-__all__ = ["load_state_file", "save_state_file", "to_plain", "write_plain_state"]
+__all__ = ["load_state_file", "save_state_file", "to_plain", "training_state_path", "write_plain_state"]
