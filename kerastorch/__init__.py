@@ -28,17 +28,25 @@ import paths. Lightning's ``Trainer`` trains a ``kt.LightModel`` (``lightmodel.p
 
 import importlib as _importlib
 import importlib.util as _importlib_util
+import warnings as _warnings
+
+# accelerate imports tqdm.auto, which warns at import in a Jupyter kernel without ipywidgets
+# ("IProgress not found"). kerastorch draws its own progress and never shows tqdm's widgets, so that
+# red warning would only send a beginner to install something they do not need: accelerate is
+# imported first, quietly.
+with _warnings.catch_warnings():
+    _warnings.filterwarnings("ignore", message="IProgress not found")
+    import accelerate as _accelerate  # noqa: F401
 
 from . import (
-    _quiet_tqdm,  # noqa: F401 (first: accelerate imported quietly)
     callbacks,
     devices,
     strategies,
 )
 from .callbacks import Callback
 from .devices.environment import ClusterEnvironment, cluster_environment  # noqa: F401 (the page documents it here)
+from .helpers.seed import seed_everything, seed_worker
 from .model import KerasModel
-from .seed import seed_everything, seed_worker
 from .summary import summary  # the module first: importing it later must not hide the function
 from .tools.doctor import DoctorError
 from .tools.plots import plot_history

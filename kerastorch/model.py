@@ -1,10 +1,11 @@
 """``KerasModel``: a net, a loss, metrics and an optimizer, trained with one ``fit`` call.
 
-This class holds the user's objects and turns ``fit``'s keywords into settings; the work
-is elsewhere: :mod:`~kerastorch.training.run` runs a fit (plan, runtime, loop, history),
-:mod:`~kerastorch.training.step` the training step, :mod:`~kerastorch.training.evaluation` evaluate and
-predict, :mod:`~kerastorch.callbacks` every optional behaviour and
-:mod:`~kerastorch.files.weights` reads and writes weights.
+This module holds the user's objects and how a batch goes through them (:class:`ModelParts`:
+``forward_batch``), the one training step (:meth:`KerasModel.train_step`), and hands ``fit``'s
+keywords to the door (:mod:`kerastorch.arguments`). The rest is elsewhere: :mod:`kerastorch.run`
+runs a fit, :mod:`kerastorch.training.loop` its epochs and optimizer steps,
+:mod:`kerastorch.evaluation` evaluate and predict, :mod:`kerastorch.callbacks` every optional
+behaviour and :mod:`kerastorch.files.weights` reads and writes weights.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from torch import nn
 from tqdm.std import tqdm as text_tqdm
 
-from . import arguments
+from . import arguments, evaluation, run
 from .checks.model import check_model_parts
 from .compat.module import ModuleLike
 from .data.batches import check_labels_at, describe_reading, split_batch, split_inputs, split_sample_weight
@@ -33,7 +34,7 @@ from .tools import tuning
 from .tools.doctor import Diagnosis
 from .tools.interpret import Interpretation
 from .tools.tuning import LRFinderResult
-from .training import evaluation, loop, run
+from .training import loop
 from .training.labels import AS_GIVEN, LabelFix, label_fix
 from .training.metric_meters import check_metrics
 from .training.outputs import NoLossError, describe_output, has_fields, own_loss, predictions_of

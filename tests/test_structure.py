@@ -51,8 +51,8 @@ def test_the_top_level_holds_a_dozen_modules_or_fewer_and_each_folder_says_what_
 
 def test_fit_s_callbacks_are_built_in_callbacks_without_the_run():
     """callbacks/ sits below the run: it builds fit's own callbacks from the settings, and the run imports them."""
+    from kerastorch import run
     from kerastorch.callbacks.for_fit import callbacks_for_fit
-    from kerastorch.training import run
 
     assert run.callbacks_for_fit is callbacks_for_fit
     imports = {

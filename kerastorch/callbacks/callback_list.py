@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+import warnings
+from typing import Any, Iterable, Iterator, Optional
 
 from .base import HOOKS, Callback, hooks_of, run_order
 
@@ -48,8 +49,46 @@ class CallbackList:
                 raised.append((callback, error))
         return raised
 
+    def end(self, logs: dict, stopped_by: Optional[BaseException]) -> None:
+        """``on_train_end`` on every callback, whatever the others' ends raise; then the one error the
+        caller gets, first of: a Ctrl-C (or an exit) during an end; the error that stopped training (the
+        one to fix, and the one an ``except`` around ``fit`` waits for, ``kt.Preempted`` too), which the
+        ``finally`` this is called from lets go on; the error a callback raises to tell how the run
+        ended (``raises_the_outcome``: Optuna's ``TrialPruned``); the first end's error. Each other end's
+        error (a checkpoint's write that failed on its thread) is told in the chosen one's traceback."""
+        raised = self.call_every("on_train_end", logs)
+        ranked = [
+            *(error for _, error in raised if not isinstance(error, Exception)),
+            *([stopped_by] if stopped_by is not None else []),
+            *(error for callback, error in raised if callback.raises_the_outcome),
+            *(error for _, error in raised),
+        ]
+        if not ranked:
+            return
+        chosen = ranked[0]
+        for callback, error in raised:
+            if error is not chosen:
+                tell_beside(
+                    chosen,
+                    f"{type(callback).__name__}.on_train_end raised too, as fit ended: {type(error).__name__}: {error}",
+                )
+        if chosen is stopped_by:
+            return
+        try:
+            raise chosen
+        finally:
+            del ranked, raised, chosen, stopped_by  # the raised error's traceback holds this frame: no cycle
+
     def __iter__(self) -> Iterator[Callback]:
         return iter(self.callbacks)
+
+
+def tell_beside(error: BaseException, message: str) -> None:
+    """``message`` in ``error``'s traceback (a note, Python 3.11 and later), else as a warning."""
+    if hasattr(error, "add_note"):
+        error.add_note(message)
+    else:
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
 
 
 __all__ = ["CallbackList"]

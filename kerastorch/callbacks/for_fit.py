@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..data.peek import num_batches
-from ..settings import FitSettings
+from ..settings import FitSettings, MonitorSettings
 from ..training.position import RunPosition
 from ..training.preemption import Preemption
 from ..training.protocols import TrainableModel
@@ -121,4 +121,30 @@ def callbacks_for_fit(
     return CallbackList(chosen, model, params)
 
 
-__all__ = ["callbacks_for_fit"]
+def what_is_kept(watch: MonitorSettings) -> str:
+    """fit's first line, on the weights it keeps: by which value, and whether the best come back."""
+    if watch.monitor is None:
+        return "nothing monitored (monitor=None): the last epoch's weights stay"
+    chosen = f"{watch.mode}, {watch.mode_source}" if watch.mode_was_auto else watch.mode
+    if not watch.restore_best_weights:
+        return f"best epoch by {watch.monitor} ({chosen}); the last epoch's weights stay (restore_best_weights=False)"
+    return f"best weights by {watch.monitor} ({chosen})"
+
+
+def where_the_state_is(callbacks: CallbackList) -> str:
+    """For the line a Ctrl-C prints: the training state on disk this run can go on from, if any."""
+    for state in training_states_in(callbacks):
+        if state.saved_at is not None:
+            epoch, batches = state.saved_at
+            after = f"batch {batches} of epoch {epoch + 1}" if batches else f"epoch {epoch}"
+            return f" The training state after {after} is in {state.path!r}: the same call goes on from there."
+    return ""
+
+
+def keeps_training_state(settings: FitSettings) -> bool:
+    """A training state is kept: ``resume=True`` with a ``ckpt_path``, or a BackupAndRestore among the callbacks."""
+    watch = settings.monitoring
+    return bool(watch.resume and watch.ckpt_path is not None) or bool(training_states_in(settings.callbacks or ()))
+
+
+__all__ = ["callbacks_for_fit", "keeps_training_state", "what_is_kept", "where_the_state_is"]

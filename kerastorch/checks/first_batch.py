@@ -22,6 +22,7 @@ from typing import Any, Iterator, NamedTuple, Optional
 
 import torch
 
+from ..callbacks.base import logs_added_by
 from ..callbacks.callback_list import CallbackList
 from ..data.batches import BatchError, describe_batch, describe_reading, unpack
 from ..data.forms import holds_arrays
@@ -534,6 +535,34 @@ def _wrapped(error: Exception, name: str, part: str, hint: str = "", own_step: b
         return RuntimeError(message)
 
 
+def fits_own_columns(
+    model: Any, train_data: Any, val_data: Optional[Any], runtime: Any, settings: Any
+) -> tuple[StepOutline, list[str], Any]:
+    """The history's columns of a run with fit's own epochs, known before the callbacks begin: a
+    ``train_step`` of the user's own is tried once to see what it returns (:func:`try_own_step`), and
+    the monitored value is one of its values. A net with lazy modules (``nn.LazyLinear``, sized by its
+    first batch as a Keras ``Dense`` is) gets its weights from a first batch now, before anything
+    copies them."""
+    name = settings.data.train_name
+    if has_lazy_parameters(model.net):
+        check_batch(model, first_batch(train_data, name), runtime, name)
+    outline = StepOutline()
+    if not model.uses_default_train_step:
+        outline = try_own_step(model, train_data, runtime, settings.step, name)
+    columns = outline.columns(settings.metric_names(model.metrics_dict), val_data is not None)
+    columns += [name for name in logs_added_by(settings.callbacks) if name not in columns]
+    if not model.uses_default_train_step:  # the step named its values on its trial: monitor one of them
+        monitoring = monitor_for_columns(settings.monitoring, columns, outline.values)
+        step = dataclasses.replace(settings.step, monitor=monitoring.monitor)
+        settings = dataclasses.replace(settings, monitoring=monitoring, step=step)
+    return outline, columns, settings
+
+
+def has_lazy_parameters(net: torch.nn.Module) -> bool:
+    """Parameters a lazy module has not sized yet (they take their shapes from the first forward pass)."""
+    return any(isinstance(p, torch.nn.parameter.UninitializedParameter) for p in net.parameters())
+
+
 __all__ = [
     "Culprit",
     "StepOutline",
@@ -542,6 +571,7 @@ __all__ = [
     "check_first_batches",
     "check_first_outputs",
     "check_metrics_on",
+    "fits_own_columns",
     "monitor_for_columns",
     "outline_of",
     "try_own_step",

@@ -14,9 +14,15 @@ from typing import Any, Optional
 
 import torch
 
-from ..compat.runners import check_runner_fit, program_runners
+from ..callbacks.base import logs_added_by
 from ..data.peek import num_batches
 from ..settings import FitSettings
+from ..training.schedulers import (
+    check_monitor_is_there_for_the_scheduler,
+    check_planned_steps,
+    check_plateau_mode,
+    try_scheduler,
+)
 
 
 def check_model_parts(net: Any, loss_fn: Any, lr_scheduler: Any, lr_scheduler_interval: Any) -> None:
@@ -47,27 +53,30 @@ def check_loss_fn(model: Any, net_may_compute_it: bool = True) -> None:
         )
 
 
-def check_model_for_fit(model: Any, train_loader: Any, settings: FitSettings, sample_weight: Any = None) -> None:
-    """Everything about the model that can be checked without running the net.
-
-    With a program's own step class (:mod:`kerastorch.compat.runners`), the loss and the step are
-    the program's: what fit's own step would add is refused instead."""
+def check_model_for_fit(model: Any, train_loader: Any) -> None:
+    """Everything about the model that can be checked without running the net, whichever step trains it
+    (fit's own, or a torchkeras program's: see :func:`check_fits_own_step` for what only fit's own needs)."""
     if not torch.is_grad_enabled():
         raise RuntimeError(
             "Gradients are switched off here (torch.set_grad_enabled(False), or fit called inside a "
             "torch.no_grad() block), so fit cannot train. Call torch.set_grad_enabled(True) first, or move the "
             "fit call out of the no_grad block."
         )
-    runners = program_runners(model)
-    if runners is None:
-        check_loss_fn(model)
-    else:
-        check_runner_fit(model, settings, sample_weight)
     check_optimizer(model)
     check_lr_scheduler(model)
-    if runners is None:  # a program's runner steps the scheduler itself, after every batch
-        warn_if_scheduler_looks_per_batch(model, settings)
     check_no_single_sample_batch(model.net, train_loader)
+
+
+def check_fits_own_step(model: Any, train_loader: Any, num_processes: int, settings: FitSettings) -> None:
+    """What fit's own step needs: a loss, and a scheduler that takes fit's calls, sized for the steps
+    fit makes (a torchkeras program's runner computes its loss and steps its scheduler itself)."""
+    check_loss_fn(model)
+    warn_if_scheduler_looks_per_batch(model, settings)
+    watch, scheduler = settings.monitoring, model.lr_scheduler
+    check_plateau_mode(scheduler, watch.monitor, watch.mode)
+    check_monitor_is_there_for_the_scheduler(scheduler, watch.monitor, logs_added_by(settings.callbacks))
+    check_planned_steps(scheduler, train_loader, num_processes, settings)
+    try_scheduler(model, settings.step.scheduler_interval, watch.monitor)
 
 
 def check_optimizer(model) -> None:

@@ -22,7 +22,7 @@ from .arrays import ArrayDataset, LabelGroup
 from .batches import LABEL_KEYS, unpack
 from .peek import num_batches, rng_untouched
 from .resumable import resumable
-from .sample_weights import ClassWeighted
+from .sample_weights import ClassWeighted, check_weighted_loss, class_weight_table
 
 
 def loader_for(dataset: Dataset, batch_size: Optional[int], shuffle: bool, pin_memory: bool) -> DataLoader:
@@ -173,3 +173,24 @@ __all__ = [
     "training_labels",
     "what_batches_hold",
 ]
+
+
+def class_weights_for(model: Any, train_data: Any, class_weight: Any, sample_weight: Any) -> Optional[torch.Tensor]:
+    """The class-weight table of a run (or None), once the model's loss is known to weight samples
+    when ``class_weight=`` or ``sample_weight=`` asks for it."""
+    asked = [
+        word
+        for word, value in (("class_weight=", class_weight), ("sample_weight=", sample_weight))
+        if value is not None
+    ]
+    if asked and model.uses_default_forward_batch:
+        check_weighted_loss(model.loss_fn, " and ".join(asked))
+    if class_weight is None:
+        return None
+    if model.labels_at is not None:
+        raise ValueError(
+            f"class_weight reads the labels where batches usually hold them, and this model reads them at "
+            f"labels_at={model.labels_at!r}. Weight the samples yourself: a dict batch with a 'sample_weight' key "
+            "(one weight per sample), or sample_weight= beside arrays."
+        )
+    return class_weight_table(class_weight, training_labels(train_data))

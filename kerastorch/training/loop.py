@@ -33,7 +33,7 @@ from ..data.batches import split_sample_weight
 from ..data.peek import num_batches
 from ..devices.runtime import Runtime
 from ..settings import StepSettings, is_validated
-from .evaluation import evaluate_epoch
+from .eval_loop import evaluate_epoch
 from .meters import EpochMeters, StepLogs
 from .modes import TrainingModes
 from .position import RunPosition

@@ -27,6 +27,7 @@ from .metric_meters import (
     StatefulMeter,
     WeightedMeter,
     is_stateful_metric,
+    metric_copies_for,
     metric_friendly,
     stateful_value,
 )
@@ -259,6 +260,28 @@ class EpochMeters:
             values.append(value.detach().to(self.device, self.sum_dtype))
         floats = torch.stack(values).tolist()
         return dict(zip(self.names, floats))
+
+
+def meters_for_fit(
+    model: Any,
+    runtime: Any,
+    settings: Any,
+    outline: Any = None,
+) -> dict[str, EpochMeters]:
+    """The train and val meters; a train_step that returns named values gets them summed instead of
+    the loss and the metrics (which need predictions)."""
+    device = runtime.outputs_device
+    # Only several processes have anything to sum: alone, an epoch's read takes its means on the host.
+    reduce_sum = runtime.reduce_sum if runtime.num_processes > 1 else None
+    copies = metric_copies_for(model, device)  # the model's, shared with the first-batch checks
+    weighted = settings.weighted_metrics
+    labels_at = model.labels_at
+    val = EpochMeters("val", model.metrics_dict, device, reduce_sum, weighted, copies=copies, labels_at=labels_at)
+    if outline is not None and outline.values is not None:
+        train = EpochMeters("train", {}, device, reduce_sum, values=outline.values, labels_at=labels_at)
+        return {"train": train, "val": val}
+    train = EpochMeters("train", model.metrics_dict, device, reduce_sum, weighted, copies=copies, labels_at=labels_at)
+    return {"train": train, "val": val}
 
 
 def samples_in(labels: Any, preds: Any, batch: Any, labels_at: Any = None) -> int:

@@ -231,7 +231,7 @@ def check_planned_steps(scheduler: Any, train_loader: Any, num_processes: int, s
         f"this fit makes {updates}: {how_counted(train_loader, num_processes, settings, per_epoch)}. So {outcome}. "
         f"{build}.{later}",
         UserWarning,
-        stacklevel=5,
+        stacklevel=6,
     )
 
 

@@ -3,32 +3,32 @@
 Both take Keras's keywords (checked at the door, :mod:`kerastorch.arguments`): ``steps`` runs the
 first n batches (and, without ``batch_size``, sizes the batches kerastorch makes so that n cover
 the data, as Keras does), ``callbacks`` get the test hooks (``evaluate``) or the predict hooks
-(``predict``) in Keras's order, ``evaluate(return_dict=False)`` gives Keras's list.
+(``predict``) in Keras's order, ``evaluate(return_dict=False)`` gives Keras's list. The loops are
+:mod:`kerastorch.training.eval_loop`'s; a torchkeras program's StepRunner evaluates as it does in
+its own library.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
-import torch
 from tqdm.std import tqdm as text_tqdm
 
-from ..callbacks.callback_list import CallbackList
-from ..callbacks.progress import ProgressBar
-from ..checks.model import check_loss_fn
-from ..compat.runners import RunnerEpochs, program_runners
-from ..data.arrays import is_flat_group
-from ..data.batches import OutputRows, split_sample_weight, to_host
-from ..data.forms import EvalData, eval_loader
-from ..data.loaders import FirstBatches, what_batches_hold
-from ..data.peek import num_batches
-from ..devices.runtime import Runtime, runtime_for_net
-from ..settings import EvaluateSettings, PredictSettings
-from ..tools.notebook import output_style
-from .meters import EpochMeters, StepLogs
-from .metric_meters import metric_copies_for
-from .modes import eval_mode
-from .protocols import TrainableModel
+from .callbacks.callback_list import CallbackList
+from .callbacks.progress import ProgressBar
+from .checks.model import check_loss_fn
+from .compat.runners import RunnerEpochs, program_runners
+from .data.arrays import is_flat_group
+from .data.forms import EvalData, eval_loader
+from .data.loaders import FirstBatches, what_batches_hold
+from .data.peek import num_batches
+from .devices.runtime import runtime_for_net
+from .settings import EvaluateSettings, PredictSettings
+from .tools.notebook import output_style
+from .training.eval_loop import evaluate_epoch, predict_outputs
+from .training.meters import EpochMeters
+from .training.metric_meters import metric_copies_for
+from .training.protocols import TrainableModel
 
 PROGRESS_DELAY_S = 2.0  # predict shows a bar once it has taken this long
 
@@ -116,72 +116,4 @@ def predict(model: TrainableModel, given: EvalData, settings: PredictSettings) -
         raise
 
 
-@torch.no_grad()
-def evaluate_epoch(
-    model: TrainableModel, loader: Any, runtime: Runtime, meters: EpochMeters, callbacks: CallbackList
-) -> dict[str, float]:
-    with eval_mode(model.net, model.loss_fn):  # also after Ctrl-C or an error: back to the modes they were in
-        meters.reset()
-        callbacks.call("on_test_begin", {})
-        on_begin, on_end = callbacks.wants("on_test_batch_begin"), callbacks.wants("on_test_batch_end")
-        for batch_index, batch in enumerate(loader):
-            if on_begin:
-                callbacks.call("on_test_batch_begin", batch_index, {})
-            batch = runtime.to_device(batch)
-            with runtime.autocast():
-                loss, preds, labels = model.forward_batch(batch)
-            weight = split_sample_weight(batch)[1] if meters.weighted else None
-            meters.update(loss, preds, labels, batch, weight)
-            if on_end:
-                callbacks.call("on_test_batch_end", batch_index, StepLogs(meters))
-        if meters.count == 0 and runtime.num_processes == 1:  # a process may get no share of a short loader
-            raise ValueError("The validation data produced no batches. Pass a non-empty DataLoader or val_data=None.")
-        logs = meters.read()
-        callbacks.call("on_test_end", logs)
-    return logs
-
-
-@torch.no_grad()
-def predict_outputs(
-    model: TrainableModel,
-    loader: Any,
-    runtime: Runtime,
-    callbacks: Optional[CallbackList] = None,
-    *,
-    held: str = "batches",
-    concatenate: bool = True,
-) -> Any:
-    """The net's outputs for every batch, on the CPU, in data order: concatenated into one structure
-    (stacked where ``held`` is ``"samples"``: each batch is one sample, see
-    :func:`~kerastorch.data.loaders.what_batches_hold`), or with ``concatenate=False`` a list of each
-    batch's outputs. ``callbacks`` get Keras's predict hooks (``on_predict_batch_end``'s logs
-    hold the batch's ``outputs``)."""
-    rows = OutputRows(held)
-    listed = []
-    callbacks = callbacks if callbacks is not None else CallbackList([], model, {})
-    on_begin, on_end = callbacks.wants("on_predict_batch_begin"), callbacks.wants("on_predict_batch_end")
-    with eval_mode(model.net):
-        callbacks.call("on_predict_begin", {})
-        for batch_index, batch in enumerate(loader):
-            if on_begin:
-                callbacks.call("on_predict_batch_begin", batch_index, {})
-            batch = runtime.to_device(batch)
-            with runtime.autocast():
-                batch_outputs = model.predict_batch(batch)
-            if concatenate:
-                rows.append(to_host(batch_outputs), batch)  # refuses, at this batch, outputs that cannot join
-            else:
-                listed.append(to_host(batch_outputs))
-            if on_end:
-                callbacks.call("on_predict_batch_end", batch_index, {"outputs": batch_outputs})
-        callbacks.call("on_predict_end", {})
-    if not (rows.batches or listed):
-        raise ValueError("predict got no batches: the data is empty.")
-    return rows.concatenated() if concatenate else listed
-
-
-class _NoPreemption:
-    requested = False
-
-
-__all__ = ["evaluate", "evaluate_epoch", "predict", "predict_outputs"]
+__all__ = ["evaluate", "predict"]
