@@ -121,7 +121,7 @@ class EpochMeters:
         self.count += n
         if not (self.meters or self.weighted):
             return
-        preds = detach(preds)
+        preds = preds.detach() if isinstance(preds, torch.Tensor) else detach(preds)  # several outputs: each
         for weighted in self.weighted.values():
             weighted.update_weighted(preds, labels, n, weight)
         if not self.meters:
