@@ -45,11 +45,11 @@ from . import (
 )
 from .callbacks import Callback
 from .devices.environment import ClusterEnvironment, cluster_environment  # noqa: F401 (the page documents it here)
+from .helpers.plots import plot_history
 from .helpers.seed import seed_everything, seed_worker
 from .model import KerasModel
 from .summary import summary  # the module first: importing it later must not hide the function
 from .tools.doctor import DoctorError
-from .tools.plots import plot_history
 from .training.preemption import Preempted
 
 __version__ = "0.3.0.dev0"

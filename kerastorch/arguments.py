@@ -21,14 +21,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Union
 
-from .callbacks.base import Callback, logs_added_by
 from .callbacks.monitor import monitor_for_run
-from .checks.values import check_flag, check_whole_number
 from .compat.arguments import in_kerastorch_words
 from .compat.callbacks import as_callback
 from .compat.runners import program_runners
 from .data.forms import EvalData, FitData, keras_positional
 from .data.sample_weights import check_sample_weight
+from .helpers.values import check_flag, check_whole_number
 from .settings import (
     DataSettings,
     DeviceSettings,
@@ -42,6 +41,7 @@ from .settings import (
     describe_validated,
     is_validated,
 )
+from .training.callback import Callback, logs_added_by
 from .training.metric_meters import is_stateful_metric
 
 

@@ -14,21 +14,21 @@ from typing import Any
 
 from tqdm.std import tqdm as text_tqdm
 
-from .callbacks.callback_list import CallbackList
 from .callbacks.progress import ProgressBar
-from .checks.model import check_loss_fn
 from .compat.runners import RunnerEpochs, program_runners
 from .data.arrays import is_flat_group
 from .data.forms import EvalData, eval_loader
 from .data.loaders import FirstBatches, what_batches_hold
 from .data.peek import num_batches
 from .devices.runtime import runtime_for_net
+from .helpers.notebook import output_style
+from .helpers.protocols import TrainableModel
 from .settings import EvaluateSettings, PredictSettings
-from .tools.notebook import output_style
+from .training.callback_list import CallbackList
 from .training.eval_loop import evaluate_epoch, predict_outputs
 from .training.meters import EpochMeters
 from .training.metric_meters import metric_copies_for
-from .training.protocols import TrainableModel
+from .training.model_checks import check_loss_fn
 
 PROGRESS_DELAY_S = 2.0  # predict shows a bar once it has taken this long
 

@@ -29,11 +29,11 @@ except ImportError as error:
 
 from torchmetrics import Metric
 
-from .checks.model import check_loss_fn
 from .data.batches import detach
 from .model import ModelParts
 from .training.meters import samples_in
 from .training.metric_meters import is_stateful_metric, metric_friendly, metric_update_fn, scalar_metric_value
+from .training.model_checks import check_loss_fn
 
 STAGES = ("train", "val", "test")
 

@@ -21,7 +21,6 @@ from torch import nn
 from tqdm.std import tqdm as text_tqdm
 
 from . import arguments, evaluation, run
-from .checks.model import check_model_parts
 from .compat.module import ModuleLike
 from .data.batches import check_labels_at, describe_reading, split_batch, split_inputs, split_sample_weight
 from .data.sample_weights import weighted_loss
@@ -37,6 +36,7 @@ from .tools.tuning import LRFinderResult
 from .training import loop
 from .training.labels import AS_GIVEN, LabelFix, label_fix
 from .training.metric_meters import check_metrics
+from .training.model_checks import check_model_parts
 from .training.outputs import NoLossError, describe_output, has_fields, own_loss, predictions_of
 
 

@@ -21,11 +21,8 @@ from typing import Any, Callable, Optional
 import pandas as pd
 import torch
 
-from .callbacks.callback_list import CallbackList
 from .callbacks.for_fit import callbacks_for_fit, keeps_training_state, what_is_kept, where_the_state_is
 from .callbacks.training_state import resumed_history, training_states_in
-from .checks.first_batch import StepOutline, check_first_batches, fits_own_columns
-from .checks.model import check_fits_own_step, check_model_for_fit
 from .compat.runners import ProgramRunners, program_runners
 from .data.forms import FitData, prepare_data
 from .data.loaders import class_weights_for, per_process_training_data, per_process_validation_data
@@ -33,17 +30,20 @@ from .devices.launch import results_of, run_in_workers, take_results
 from .devices.placement import place_parts
 from .devices.plan import Plan, make_plan
 from .devices.runtime import build_runtime
+from .helpers.modes import modes_kept
+from .helpers.protocols import Epochs, TrainableModel
 from .settings import FitSettings
 from .tools.doctor import check_before_fit
 from .tools.tuning import scheduled_for_this_run
+from .training.callback_list import CallbackList
 from .training.compiling import compiled_net
+from .training.first_batch import StepOutline, check_first_batches, fits_own_columns
 from .training.history import history_frame
 from .training.loop import FitEpochs, FitStep, fit_loop
 from .training.meters import EpochMeters, meters_for_fit
-from .training.modes import modes_kept
+from .training.model_checks import check_fits_own_step, check_model_for_fit
 from .training.position import RunPosition
 from .training.preemption import Preempted, preemption_for, signals_passed_to_workers
-from .training.protocols import Epochs, TrainableModel
 
 
 def fit(model: TrainableModel, data: FitData, settings: FitSettings, lr_schedule: Any = None) -> pd.DataFrame:

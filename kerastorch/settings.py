@@ -22,7 +22,10 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 
-from .checks.values import (
+from .devices.words import parse_accelerator_word, parse_precision
+from .files.state import training_state_path
+from .files.writable import check_writable
+from .helpers.values import (
     check_batch_size,
     check_flag,
     check_mode,
@@ -31,9 +34,6 @@ from .checks.values import (
     check_verbose_level,
     check_whole_number,
 )
-from .devices.words import parse_accelerator_word, parse_precision
-from .files.state import training_state_path
-from .files.writable import check_writable
 from .strategies import Strategy, parse_strategy
 
 DEFAULT_BATCH_SIZE = 32  # Keras's, for the loaders kerastorch builds from arrays and Datasets

@@ -16,9 +16,9 @@ from torch import nn
 
 import kerastorch as kt
 from kerastorch.callbacks import ProgressBar
-from kerastorch.callbacks.callback_list import CallbackList
 from kerastorch.examples import digits_loaders
-from kerastorch.tools.notebook import output_style
+from kerastorch.helpers.notebook import output_style
+from kerastorch.training.callback_list import CallbackList
 from kerastorch.training.meters import EpochMeters
 
 

@@ -358,7 +358,7 @@ def test_a_callback_state_that_cannot_be_stored_safely_is_refused_before_trainin
 def test_a_samplers_epoch_counter_is_part_of_the_saved_data_order():
     from torch.utils.data import DistributedSampler
 
-    from kerastorch.training.rng import capture_rng_state, restore_rng_state
+    from kerastorch.helpers.rng import capture_rng_state, restore_rng_state
 
     dataset = TensorDataset(torch.arange(40.0))
 

@@ -8,10 +8,10 @@ of them is created. Inside a Ray Train worker ``fit`` adds its own ``RayTrainRep
 
 import importlib as _importlib
 
+from ..training.callback import Callback
+from ..training.callback_list import CallbackList  # noqa: F401 (importable: the run's list, not a callback)
 from .backup_and_restore import BackupAndRestore
-from .base import Callback
 from .best_weights import RestoreBestWeights
-from .callback_list import CallbackList  # noqa: F401 (importable: the run's list, not a callback)
 from .csv_logger import CSVLogger
 from .early_stopping import EarlyStopping
 from .ema import EMA

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
-from ..checks.values import check_real_number, check_verbose, check_whole_number
+from ..helpers.values import check_real_number, check_verbose, check_whole_number
 from ..settings import MonitorSettings, OutputSettings
 from ..strategies import strategy_of
-from .base import ORDER_EARLY_STOPPING
+from ..training.callback import ORDER_EARLY_STOPPING
 from .monitor import MonitorCallback, improves
 from .terminate_on_nan import losses_are_finite
 

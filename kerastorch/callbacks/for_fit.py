@@ -12,13 +12,13 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..data.peek import num_batches
+from ..helpers.protocols import TrainableModel
 from ..settings import FitSettings, MonitorSettings
+from ..training.callback import may_read_ckpt_path
+from ..training.callback_list import CallbackList
 from ..training.position import RunPosition
 from ..training.preemption import Preemption
-from ..training.protocols import TrainableModel
-from .base import may_read_ckpt_path
 from .best_weights import RestoreBestWeights
-from .callback_list import CallbackList
 from .early_stopping import EarlyStopping, early_stoppings_in
 from .last_weights import KeepLastWeights
 from .live_plot import LivePlot

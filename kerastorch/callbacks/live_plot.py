@@ -8,10 +8,10 @@ from typing import Optional, Sequence
 
 import pandas as pd
 
+from ..helpers.notebook import in_notebook
+from ..helpers.plots import bare_name, history_quantities, plot_history
 from ..settings import MonitorSettings, OutputSettings
-from ..tools.notebook import in_notebook
-from ..tools.plots import bare_name, history_quantities, plot_history
-from .base import ORDER_DISPLAY, Callback
+from ..training.callback import ORDER_DISPLAY, Callback
 
 
 class LivePlot(Callback):

@@ -9,10 +9,10 @@ import math
 import warnings
 from typing import Optional, Sequence
 
-from ..checks.values import check_mode, check_real_number
+from ..helpers.values import check_mode, check_real_number
 from ..settings import AUTO, MonitorSettings
+from ..training.callback import Callback
 from ..training.history import history_columns
-from .base import Callback
 
 
 def improves(current: float, best: Optional[float], mode: str, min_delta: float = 0.0) -> bool:

@@ -27,9 +27,9 @@ from typing import Any, Optional, TextIO
 
 from tqdm.std import tqdm as text_tqdm
 
+from ..helpers.notebook import output_style
 from ..settings import OutputSettings
-from ..tools.notebook import output_style
-from .base import ORDER_PROGRESS, Callback
+from ..training.callback import ORDER_PROGRESS, Callback
 from .monitor import improves
 from .notebook_progress import NotebookProgress
 

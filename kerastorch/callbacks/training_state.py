@@ -52,15 +52,15 @@ import torch
 
 from ..data.loaders import EpochSteps
 from ..data.resumable import resumable_inside
+from ..devices.host_memory import copy_too_large, host_tensor_bytes
 from ..devices.main_process import read_on_main_process
 from ..files.atomic import remove_stale_temporary_files
 from ..files.background import BackgroundWriter
-from ..files.host_memory import copy_too_large, host_tensor_bytes
 from ..files.state import load_state_file, to_plain, training_state_path, write_plain_state
+from ..helpers.rng import capture_rng_state, restore_rng_state
 from ..strategies import strategy_of, unwrap
+from ..training.callback import ORDER_TRAINING_STATE, Callback
 from ..training.position import EpochResume, RunPosition
-from ..training.rng import capture_rng_state, restore_rng_state
-from .base import ORDER_TRAINING_STATE, Callback
 from .monitor import MonitorCallback
 from .terminate_on_nan import losses_are_finite
 

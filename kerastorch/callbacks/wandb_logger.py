@@ -8,7 +8,7 @@ from typing import Any, Optional
 from ..files.weights import save_weights
 from ..settings import OutputSettings
 from ..strategies import strategy_of
-from .base import ORDER_DISPLAY, Callback
+from ..training.callback import ORDER_DISPLAY, Callback
 from .monitor import improves
 
 

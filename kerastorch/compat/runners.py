@@ -35,12 +35,12 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from ..callbacks.base import hooks_of, logs_added_by
-from ..callbacks.callback_list import CallbackList
 from ..data.batches import inputs_count
 from ..data.peek import dry_run_first_batch
 from ..devices.runtime import Runtime
-from ..training.modes import eval_mode
+from ..helpers.modes import eval_mode
+from ..training.callback import hooks_of, logs_added_by
+from ..training.callback_list import CallbackList
 from .accelerator import RunnerAccelerator
 
 STEP_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_after_optimizer_step")

@@ -10,8 +10,8 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 import numpy as np
 import torch
 
-from ..training.modes import eval_mode
-from ..training.rng import data_generators, data_order_generators, generator_state, set_generator_state
+from ..helpers.modes import eval_mode
+from ..helpers.rng import data_generators, data_order_generators, generator_state, set_generator_state
 
 T = TypeVar("T")
 

@@ -33,7 +33,7 @@ from typing import Any, Iterator, Optional
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ..training.rng import capture_rng_state, restore_rng_state, restore_worker_rng_state, worker_rng_state
+from ..helpers.rng import capture_rng_state, restore_rng_state, restore_worker_rng_state, worker_rng_state
 
 
 class WorkerTagged(tuple):

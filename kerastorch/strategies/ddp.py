@@ -23,7 +23,7 @@ from accelerate.utils import DistributedDataParallelKwargs
 from torch import nn
 
 from ..data.peek import first_batch
-from ..training.modes import train_mode
+from ..helpers.modes import train_mode
 from .base import Strategy, refuse_foreign_parameters
 from .sharding import bare_module, shard_loaders, users_net_kept
 

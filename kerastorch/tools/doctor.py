@@ -27,20 +27,20 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, SequentialSampler
 
-from ..callbacks.base import Callback
-from ..callbacks.callback_list import CallbackList
-from ..checks.first_batch import broadcast_mismatch
 from ..data.batches import unpack
 from ..data.forms import FitData, prepare_data
 from ..data.loaders import training_labels
 from ..data.peek import rng_untouched
 from ..devices.runtime import Runtime, runtime_for_net
+from ..helpers.modes import eval_mode, train_mode
+from ..helpers.protocols import TrainableModel
 from ..settings import DataSettings, StepSettings
+from ..training.callback import Callback
+from ..training.callback_list import CallbackList
+from ..training.first_batch import broadcast_mismatch
 from ..training.labels import label_fix
 from ..training.loop import FitStep
-from ..training.modes import eval_mode, train_mode
-from ..training.protocols import TrainableModel
-from .snapshot import training_snapshot, workers_as_they_were
+from ..training.snapshot import training_snapshot, workers_as_they_were
 
 SEVERITIES = ("error", "warning", "info")
 CLASSIFICATION_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss)

@@ -30,22 +30,22 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..callbacks.callback_list import CallbackList
-from ..checks.first_batch import check_batch
-from ..checks.model import check_loss_fn
 from ..data.batches import unpack
 from ..data.forms import FitData, prepare_data
 from ..data.peek import first_batch
 from ..devices.placement import place_parts
 from ..devices.plan import Plan, make_plan
 from ..devices.runtime import build_runtime
+from ..helpers.plots import new_figure
+from ..helpers.protocols import TrainableModel
 from ..settings import DataSettings, DeviceSettings, FinderSettings, FitSettings, StepSettings
 from ..strategies import strategy_for_net
+from ..training.callback_list import CallbackList
+from ..training.first_batch import check_batch
 from ..training.loop import FitStep
-from ..training.protocols import TrainableModel
+from ..training.model_checks import check_loss_fn
 from ..training.schedulers import hyperparameters_kept, updates_per_epoch
-from .plots import new_figure
-from .snapshot import training_snapshot
+from ..training.snapshot import training_snapshot
 
 
 @dataclasses.dataclass

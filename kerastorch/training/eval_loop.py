@@ -8,12 +8,12 @@ from typing import Any, Optional
 
 import torch
 
-from ..callbacks.callback_list import CallbackList
 from ..data.batches import OutputRows, split_sample_weight, to_host
 from ..devices.runtime import Runtime
+from ..helpers.modes import eval_mode
+from ..helpers.protocols import TrainableModel
+from .callback_list import CallbackList
 from .meters import EpochMeters, StepLogs
-from .modes import eval_mode
-from .protocols import TrainableModel
 
 PROGRESS_DELAY_S = 2.0  # predict shows a bar once it has taken this long
 

@@ -28,17 +28,17 @@ from typing import Any, Optional, Union
 
 import torch
 
-from ..callbacks.callback_list import CallbackList
 from ..data.batches import split_sample_weight
 from ..data.peek import num_batches
 from ..devices.runtime import Runtime
+from ..helpers.modes import TrainingModes
+from ..helpers.protocols import Epochs, TrainableModel
 from ..settings import StepSettings, is_validated
+from .callback_list import CallbackList
 from .eval_loop import evaluate_epoch
 from .meters import EpochMeters, StepLogs
-from .modes import TrainingModes
 from .position import RunPosition
 from .preemption import Preemption
-from .protocols import Epochs, TrainableModel
 from .schedulers import after_epoch, after_update
 
 

@@ -39,7 +39,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from ..callbacks.base import Callback
+from .callback import Callback
 
 # How often several processes compare their flags, in seconds between checks (the batches between
 # checks adapt to it).

@@ -14,10 +14,10 @@ from typing import Any, Optional
 
 import torch
 
-from ..callbacks.base import logs_added_by
 from ..data.peek import num_batches
 from ..settings import FitSettings
-from ..training.schedulers import (
+from .callback import logs_added_by
+from .schedulers import (
     check_monitor_is_there_for_the_scheduler,
     check_planned_steps,
     check_plateau_mode,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Iterable, Iterator, Optional
 
-from .base import HOOKS, Callback, hooks_of, run_order
+from .callback import HOOKS, Callback, hooks_of, run_order
 
 
 class CallbackList:

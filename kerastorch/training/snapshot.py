@@ -26,8 +26,8 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
+from ..helpers.rng import capture_rng_state, restore_rng_state
 from ..strategies import unwrap
-from ..training.rng import capture_rng_state, restore_rng_state
 
 
 @contextlib.contextmanager

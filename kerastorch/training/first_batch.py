@@ -22,17 +22,17 @@ from typing import Any, Iterator, NamedTuple, Optional
 
 import torch
 
-from ..callbacks.base import logs_added_by
-from ..callbacks.callback_list import CallbackList
 from ..data.batches import BatchError, describe_batch, describe_reading, unpack
 from ..data.forms import holds_arrays
 from ..data.peek import first_batch
+from ..helpers.modes import eval_mode, train_mode
 from ..settings import MonitorSettings
 from ..strategies import unwrap
-from ..tools.snapshot import training_snapshot
-from ..training.history import history_columns
-from ..training.loop import FitStep
-from ..training.metric_meters import (
+from .callback import logs_added_by
+from .callback_list import CallbackList
+from .history import history_columns
+from .loop import FitStep
+from .metric_meters import (
     MetricCopies,
     is_stateful_metric,
     metric_copies_for,
@@ -41,9 +41,9 @@ from ..training.metric_meters import (
     outputs_kind,
     scalar_metric_value,
 )
-from ..training.metric_sync import is_torchmetrics
-from ..training.modes import eval_mode, train_mode
-from ..training.outputs import NoLossError
+from .metric_sync import is_torchmetrics
+from .outputs import NoLossError
+from .snapshot import training_snapshot
 
 REGRESSION_LOSSES = (torch.nn.MSELoss, torch.nn.L1Loss, torch.nn.SmoothL1Loss, torch.nn.HuberLoss)
 
