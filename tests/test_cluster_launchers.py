@@ -18,6 +18,7 @@ import os
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -247,4 +248,20 @@ def test_a_slurm_batch_script_of_two_tasks_trains_alone_and_says_srun_is_missing
     with pytest.warns(UserWarning, match=r"SLURM job 7, which has 2 tasks, but srun did not start it"):
         history = model.fit(*loaders, epochs=1, accelerator="cpu", verbose=1)
     assert len(history) == 1 and model.runtime.num_processes == 1
+    assert "kerastorch: training on cpu in precision 32-true" in capsys.readouterr().out
+
+
+def test_python_typed_in_an_interactive_srun_shell_trains_alone_and_says_so_once(no_launcher, loaders, capsys):
+    # srun --ntasks=2 --pty bash, then `python train.py`: task 0's variables of a step of two tasks. Read
+    # as rank 0 of 2, fit waited for a rank 1 that never comes; the job's name says it is a shell.
+    shell = {**srun(0, "77"), "SLURM_JOB_NAME": "bash", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PTY_PORT": "40123"}
+    for name, value in shell.items():
+        no_launcher.setenv(name, value)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = small_model().fit(*loaders, epochs=1, accelerator="cpu", verbose=1)
+    said = [str(w.message) for w in caught if "SLURM" in str(w.message)]
+    assert len(said) == 1 and "named 'bash' (SLURM_JOB_NAME)" in said[0], said  # once a fit, not once a batch
+    assert "trains alone, as a plain process" in said[0]
+    assert len(history) == 1 and not torch.distributed.is_initialized()
     assert "kerastorch: training on cpu in precision 32-true" in capsys.readouterr().out
