@@ -36,8 +36,8 @@ class GAN(kt.KerasModel):
     def train_step(self, batch):
         (real,) = batch
         generator, discriminator = self.net["generator"], self.net["discriminator"]
-        fake = generator(torch.randn(len(real), NOISE))
-        ones, zeros = torch.ones(len(real), 1), torch.zeros(len(real), 1)
+        fake = generator(torch.randn(len(real), NOISE, device=real.device))
+        ones, zeros = torch.ones(len(real), 1, device=real.device), torch.zeros(len(real), 1, device=real.device)
         d_loss = bce(discriminator(real), ones) + bce(discriminator(fake.detach()), zeros)
         self.backward(d_loss)
         self.optimizer_step(self.d_optimizer)
@@ -76,7 +76,7 @@ def main():
     backup = kt.callbacks.BackupAndRestore(os.path.join(args.out_dir, "backup"), save_freq=3, delete_checkpoint=False)
     callbacks = [backup] + ([KillAt(*args.kill_at)] if args.kill_at else [])
     loader = DataLoader(TensorDataset(real), batch_size=32, shuffle=True)
-    history = model.fit(loader, epochs=3, monitor=None, verbose=0, callbacks=callbacks)
+    history = model.fit(loader, epochs=3, monitor=None, verbose=0, callbacks=callbacks, accelerator="cpu")
 
     with open(os.path.join(args.out_dir, "history.json"), "w") as f:
         json.dump(history.to_dict(orient="list"), f)

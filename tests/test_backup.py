@@ -520,7 +520,8 @@ def scaled_run(callbacks):
     data = TensorDataset(torch.randn(96, 6, generator=g), torch.randint(0, 2, (96,), generator=g))
     net = nn.Linear(6, 2)
     model = ScaledStep(net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
-    history = model.fit(DataLoader(data, batch_size=8, shuffle=True), epochs=3, callbacks=callbacks, verbose=0)
+    loader = DataLoader(data, batch_size=8, shuffle=True)  # the CPU: its grad scaler is the CPU's
+    history = model.fit(loader, epochs=3, callbacks=callbacks, verbose=0, accelerator="cpu")
     return history, {k: v.clone() for k, v in net.state_dict().items()}, model.scalers["main"].state_dict()
 
 
@@ -561,7 +562,7 @@ def test_an_optimizer_the_model_does_not_hold_is_refused_before_training(tmp_pat
         model.fit(data, epochs=1, verbose=0, callbacks=[kt.callbacks.BackupAndRestore(tmp_path / "b")])
     message = str(refused.value)
     assert "2.weight, 2.bias" in message and "self.d_optimizer = torch.optim.Adam" in message
-    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+    assert all(torch.equal(before[k], v.cpu()) for k, v in net.state_dict().items())
     assert not os.path.exists(tmp_path / "b" / "training.state")
 
     # Kept on the model, it is in the state: the same run trains.
@@ -586,8 +587,8 @@ def test_a_state_of_other_own_optimizers_is_refused_before_anything_is_loaded(tm
         ValueError,
         match=r"keeps the model's own .*scalers\['main'\] \(GradScaler\), unused\[0\].*this model holds scalers\['main'\] \(GradScaler\), so",
     ):
-        model.fit(DataLoader(data, batch_size=8), epochs=3, verbose=0, callbacks=[backup()])
-    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+        model.fit(DataLoader(data, batch_size=8), epochs=3, verbose=0, callbacks=[backup()], accelerator="cpu")
+    assert all(torch.equal(before[k], v.cpu()) for k, v in net.state_dict().items())
 
 
 # -- the training data's shape is part of the state ------------------------------------------------
@@ -616,3 +617,49 @@ def test_a_state_resumed_with_other_batches_is_refused_saying_what_differs(tmp_p
     assert "resume=False" in message
     saved = load_state_file(tmp_path / "b" / "training.state")
     assert (saved["batch_size"], saved["batches_per_epoch"]) == (8, 12)
+
+
+class TwoOptimizers(kt.KerasModel):
+    """Two halves of a net, each with its optimizer: the model's, and one of its own with a scheduler."""
+
+    def __init__(self, net):
+        super().__init__(net, optimizer=torch.optim.Adam(net[0].parameters(), lr=1e-2))
+        self.head_optimizer = torch.optim.Adam(net[2].parameters(), lr=1e-2)
+        self.head_scheduler = torch.optim.lr_scheduler.StepLR(self.head_optimizer, step_size=3, gamma=0.5)
+
+    def train_step(self, batch):
+        x, y = batch
+        with self.autocast():
+            loss = nn.functional.cross_entropy(self.net(x), y)
+        self.backward(loss)
+        self.optimizer_step(self.head_optimizer)
+        self.optimizer_step(self.optimizer)
+        self.head_scheduler.step()
+        return {"loss": loss.detach()}
+
+
+def two_optimizer_run(callbacks, **fit_options):
+    kt.seed_everything(0)
+    g = torch.Generator().manual_seed(4)
+    data = TensorDataset(torch.randn(96, 6, generator=g), torch.randint(0, 2, (96,), generator=g))
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+    model = TwoOptimizers(net)
+    loader = DataLoader(data, batch_size=8, shuffle=True)
+    history = model.fit(loader, epochs=3, callbacks=callbacks, verbose=0, **fit_options)
+    own = {k: v.detach().cpu().clone() for k, v in model.head_optimizer.state_dict()["state"][0].items()}
+    return history, {k: v.cpu().clone() for k, v in net.state_dict().items()}, own, model.head_scheduler.last_epoch
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
+def test_on_a_gpu_the_models_own_optimizer_and_the_16_mixed_grad_scaler_resume_exactly(tmp_path):
+    options = {"accelerator": "cuda", "precision": "16-mixed"}
+    straight = two_optimizer_run([], **options)
+    backup = lambda: kt.callbacks.BackupAndRestore(tmp_path / "b", save_freq=5, delete_checkpoint=False)
+    with pytest.raises(RuntimeError, match="crash"):
+        two_optimizer_run([backup(), FailAt(2, 9)], **options)
+    saved = load_state_file(tmp_path / "b" / "training.state")
+    assert saved["grad_scaler"] and set(saved["model_attributes"]) == {"head_optimizer", "head_scheduler"}
+    resumed = two_optimizer_run([backup()], **options)
+    assert_same(resumed[:2], straight[:2])
+    assert all(torch.equal(resumed[2][k], v) for k, v in straight[2].items()) and resumed[3] == straight[3]

@@ -309,6 +309,8 @@ def test_a_rank_whose_rank_0_never_comes_says_it_waits_for_it_and_gives_up(tmp_p
 
 
 def test_a_rendezvous_time_limit_that_is_not_a_number_of_seconds_is_refused_before_training(no_launcher, loaders):
+    for name in LAUNCHER_NAMES:  # fit exports the job's layout in torch's words: gone again after the test
+        no_launcher.setenv(name, "")
     for name, value in {**srun(0, "7"), "KERASTORCH_RENDEZVOUS_TIMEOUT": "ten minutes"}.items():
         no_launcher.setenv(name, value)
     with pytest.raises(ValueError, match=r"KERASTORCH_RENDEZVOUS_TIMEOUT='ten minutes': give the seconds"):
