@@ -64,11 +64,12 @@ def check_same_attributes(state: dict, model: Any, path: str) -> None:
     current = model_attributes(model)
     fix = f"Resume with the model that wrote it, or {_fresh(path)}."
     if set(saved) != set(current):
-        there = ", ".join(f"{name} ({saved[name]['type']})" for name in saved) or "none"
-        here = ", ".join(f"{name} ({type(value).__name__})" for name, value in current.items()) or "none"
+        there = ", ".join(f"{name} ({saved[name]['type']})" for name in saved)
+        here = ", ".join(f"{name} ({type(value).__name__})" for name, value in current.items())
+        kept = f"the model's own {there}" if there else "none of the model's own optimizers, schedulers or grad scalers"
         raise ValueError(
-            f"The training state in {path!r} keeps the model's own optimizers, schedulers and grad scalers {there}; "
-            f"this model holds {here}, so one of them could not go on where it was. " + fix
+            f"The training state in {path!r} keeps {kept}; this model holds {here or 'none'}, so one of them could not "
+            "go on where it was. " + fix
         )
     for name, value in current.items():
         if saved[name]["type"] != type(value).__name__:
