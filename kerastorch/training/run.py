@@ -79,7 +79,6 @@ def fit(model: TrainableModel, data: FitData, settings: FitSettings, lr_schedule
         steps_per_epoch=settings.data.steps_per_epoch,
         validation_batch_size=settings.data.validation_batch_size,
         validation_steps=settings.data.validation_steps,
-        by_index=runners is None,
     )
     check_model_for_fit(model, train_data, settings, sample_weight=data.sample_weight)
     if runners is None:  # a program's runner calls its scheduler itself
