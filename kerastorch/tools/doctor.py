@@ -37,7 +37,7 @@ from ..helpers.protocols import TrainableModel
 from ..settings import DataSettings, StepSettings
 from ..training.callback import Callback
 from ..training.callback_list import CallbackList
-from ..training.first_batch import broadcast_mismatch
+from ..training.first_batch_hints import broadcast_mismatch
 from ..training.labels import label_fix
 from ..training.loop import FitStep
 from ..training.snapshot import training_snapshot, workers_as_they_were
