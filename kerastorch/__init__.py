@@ -70,8 +70,8 @@ _MOVED = {
     "parse_devices": ".devices",
     "find_usable_cuda_devices": ".devices",
     "LivePlot": ".callbacks",
-    "Diagnosis": ".tools.doctor",
-    "Finding": ".tools.doctor",
+    "Diagnosis": ".tools.report",
+    "Finding": ".tools.report",
     "Interpretation": ".tools.interpret",
     "LRFinderResult": ".tools.tuning",
 }

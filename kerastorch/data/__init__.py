@@ -4,5 +4,6 @@ sample weights (:mod:`~kerastorch.data.batches`), arrays in memory (:mod:`~keras
 the loaders kerastorch builds and wraps (:mod:`~kerastorch.data.loaders`), batches of tensors in
 memory read with one index per tensor (:mod:`~kerastorch.data.indexed`), where the training data is
 inside a pass, for a training state and a resumed run (:mod:`~kerastorch.data.resumable`), a first look at the data
-that changes nothing (:mod:`~kerastorch.data.peek`), and per-sample and per-class loss weights
-(:mod:`~kerastorch.data.sample_weights`)."""
+that changes nothing (:mod:`~kerastorch.data.peek`), per-sample and per-class loss weights
+(:mod:`~kerastorch.data.sample_weights`), and validation samples also in the training data
+(:mod:`~kerastorch.data.overlap`)."""
