@@ -17,7 +17,7 @@ Who owns what, in the order a ``fit`` call goes through them:
 | checks | ``checks/`` | the model and the first batch, before the first weight changes |
 | the run | ``training/`` | ``run`` → ``fit_loop(Epochs)`` → ``FitStep``; meters, history, evaluate and predict |
 | optional behaviour | ``callbacks/`` | best weights, early stopping, progress, resume, loggers ... each a callback with an ``order`` |
-| around a fit | ``tools/`` | ``lr_find`` and one cycle, ``doctor``, ``interpret``, ``summary``, plots (reusing ``FitStep``) |
+| around a fit | ``tools/`` | ``lr_find`` and one cycle, ``doctor``, the run's report (``diagnose``), ``interpret``, ``summary``, plots (reusing ``FitStep``) |
 | torchkeras | ``compat/`` | its step classes as one more ``Epochs``, its callbacks, metrics and words, the ``nn.Module`` names |
 | files | ``files/`` | weights and training-state files, written atomically, read without running code |
 
@@ -40,6 +40,7 @@ from .devices.environment import ClusterEnvironment, cluster_environment  # noqa
 from .model import KerasModel
 from .seed import seed_everything, seed_worker
 from .summary import summary  # the module first: importing it later must not hide the function
+from .tools.diagnosis import diagnose
 from .tools.doctor import DoctorError
 from .tools.plots import plot_history
 from .training.preemption import Preempted
@@ -54,6 +55,7 @@ __all__ = [
     "callbacks",
     "cluster_environment",
     "devices",
+    "diagnose",
     "plot_history",
     "seed_everything",
     "seed_worker",
