@@ -3,8 +3,12 @@ the rules' edges on hand-built histories, and validation samples found in the tr
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
+import re
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -358,3 +362,29 @@ def test_every_kind_is_a_documented_constant():
     assert "diagnose" in kt.__all__ and kt.diagnose is diagnosis.diagnose
     for kind in diagnosis.KINDS:
         assert f'"{kind}"' in diagnosis.__doc__
+
+
+# -- the docs page -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_pages_examples_run_in_order_and_print_the_findings_the_page_shows():
+    """Each Python block of docs/reading-your-run.md runs after the ones above it; the findings it
+    prints are the ones the text block below it shows (their numbers may differ on other machines)."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "reading-your-run.md").read_text()
+    blocks = re.findall(r"```(python|text)\n(.*?)```", page, re.S)
+    assert [kind for kind, _ in blocks].count("python") >= 10
+    namespace: dict = {"__name__": "reading_your_run"}
+    printed = ""
+    for kind, code in blocks:
+        if kind == "python":
+            output = io.StringIO()
+            with contextlib.redirect_stdout(output):
+                exec(compile(code, "docs/reading-your-run.md", "exec"), namespace)
+            printed = output.getvalue()
+        else:
+
+            def said(text):
+                return [line.split(":")[0] for line in text.splitlines() if line.startswith(("[", "What"))]
+
+            assert said(printed) == said(code), (printed, code)

@@ -122,8 +122,10 @@ def diagnose(
         divergence: where a NaN loss came from, when the run looked (:class:`Divergence`).
         overlap: validation samples also in the training data
             (:func:`~kerastorch.data.overlap.count_overlap`).
-        monitor, mode, restore_best_weights: as given to ``fit``, to say which epoch's weights it
-            kept; ``"auto"`` is ``val_loss``, or ``train_loss`` without validation.
+        monitor: as given to ``fit``, to say which epoch's weights it kept: ``"auto"`` is
+            ``val_loss``, or ``train_loss`` without validation; None, no epoch was kept.
+        mode: as given to ``fit``: ``"min"`` or ``"max"``.
+        restore_best_weights: as given to ``fit``: False, the last epoch's weights stayed.
 
     >>> report = kt.diagnose(history)   # doctest: +SKIP
     >>> print(report)                   # doctest: +SKIP
