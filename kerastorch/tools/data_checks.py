@@ -1,36 +1,19 @@
 """The doctor's checks of the data: validation samples that are also training samples, inputs on
 very different scales, a rare class, an unshuffled loader with sorted labels, NaN or infinite values.
-Each takes the doctor's :class:`~kerastorch.tools.doctor.Patient` and returns its findings."""
+Each takes the doctor's :class:`~kerastorch.tools.patient.Patient` and returns its findings."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, SequentialSampler
 
-from ..data.batches import unpack
 from ..data.loaders import training_labels
 from ..data.overlap import count_overlap
+from .patient import Patient, batch_parts, inputs_tensor
 from .report import Finding
 
-if TYPE_CHECKING:  # the doctor imports this module: its Patient is only named here
-    from .doctor import Patient
-
 CLASSIFICATION_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss)
-
-
-def batch_parts(batch: Any) -> tuple[tuple, dict, Any]:
-    """A batch's inputs (positional, by keyword) and labels."""
-    return unpack(batch)[:3]
-
-
-def inputs_tensor(batch: Any) -> Optional[torch.Tensor]:
-    """A batch's first input tensor, or None."""
-    args, kwargs, _ = batch_parts(batch)
-    tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
-    return tensors[0] if tensors else None
 
 
 def train_val_overlap(patient: Patient) -> list[Finding]:
@@ -187,11 +170,9 @@ def finite_inputs(patient: Patient) -> list[Finding]:
 
 
 __all__ = [
-    "batch_parts",
     "class_balance",
     "finite_inputs",
     "inputs_normalized",
-    "inputs_tensor",
     "shuffled",
     "train_val_overlap",
 ]

@@ -17,7 +17,6 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Callable, Optional
 
@@ -29,7 +28,7 @@ from ..callbacks.callback_list import CallbackList
 from ..checks.first_batch import broadcast_mismatch
 from ..data.forms import FitData, prepare_data
 from ..data.peek import rng_untouched
-from ..devices.runtime import Runtime, runtime_for_net
+from ..devices.runtime import runtime_for_net
 from ..settings import DataSettings, StepSettings
 from ..training.labels import label_fix
 from ..training.modes import eval_mode, train_mode
@@ -37,33 +36,19 @@ from ..training.protocols import TrainableModel
 from ..training.step import FitStep
 from .data_checks import (
     CLASSIFICATION_LOSSES,
-    batch_parts,
     class_balance,
     finite_inputs,
     inputs_normalized,
     shuffled,
     train_val_overlap,
 )
+from .patient import Patient, batch_parts
 from .report import Diagnosis, Finding
 from .snapshot import training_snapshot, workers_as_they_were
 
 
 class DoctorError(ValueError):
     """``fit(doctor=True)`` found an error: training did not start."""
-
-
-@dataclasses.dataclass
-class Patient:
-    """What the checks look at: the model, a few batches of each set, the run's device."""
-
-    model: TrainableModel
-    runtime: Runtime
-    train_loader: Any
-    val_loader: Any
-    train_batches: list
-    val_batches: list
-    max_compared: int
-    overfit_steps: int
 
 
 def doctor(
