@@ -270,6 +270,8 @@ def test_overlap_is_counted_in_every_form_of_data_held_in_memory():
         x[:350].numpy(),
         pd.DataFrame(x[:350].numpy()),
         Subset(data, range(350)),
+        Subset(data, torch.randperm(350)),
+        Subset(data, range(-400, -50)),
         DataLoader(Subset(data, range(350)), batch_size=32, shuffle=True),
         DataLoader(TensorDataset(x[:350], y[:350]), batch_size=32),
     ):

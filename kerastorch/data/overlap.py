@@ -124,7 +124,7 @@ def memory_rows(data: Any) -> Optional[torch.Tensor]:
         return _loader_rows(data)
     if isinstance(data, Subset):
         rows = memory_rows(data.dataset)
-        return None if rows is None else rows[torch.as_tensor(np.asarray(data.indices, dtype=np.int64))]
+        return None if rows is None else _picked(rows, data.indices)
     if isinstance(data, TensorDataset):
         return data.tensors[0] if data.tensors else None
     if isinstance(data, ArrayDataset):
@@ -152,8 +152,15 @@ def _loader_rows(loader: DataLoader) -> Optional[torch.Tensor]:
     if type(sampler) in (SequentialSampler, RandomSampler):
         return rows
     if type(sampler) is SubsetRandomSampler:  # one dataset, two samplers: the usual split by indices
-        return rows[torch.as_tensor(np.asarray(sampler.indices, dtype=np.int64))]
+        return _picked(rows, sampler.indices)
     return None
+
+
+def _picked(rows: torch.Tensor, indices: Any) -> torch.Tensor:
+    """The rows at ``indices``: a view for a range with a positive step (validation_split's), else a copy."""
+    if isinstance(indices, range) and indices.start >= 0 and indices.step > 0:
+        return rows[indices.start : indices.stop : indices.step]
+    return rows[torch.as_tensor(np.asarray(indices, dtype=np.int64))]
 
 
 def loader_hashes(loader: Any, limit: int) -> np.ndarray:
