@@ -340,6 +340,7 @@ def test_the_doctor_and_the_run_report_with_the_same_types_and_look_alike():
     assert line.startswith("[warning] overfitting: The validation loss")
     finding = run.findings[0]
     assert finding.kind == finding.check == "overfitting" and finding.fix == ""
+    assert len({finding, finding}) == 1  # hashable, as the doctor's findings were
     table = run._repr_html_()
     assert "<table>" in table and "What the curves say:" in table and "<code>overfitting</code>" in table
     doctor_like = kt.Diagnosis([kt.Finding("shuffled", "warning", "The loader is not shuffled.", "shuffle=True")])

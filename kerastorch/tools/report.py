@@ -46,7 +46,7 @@ class Finding:
     message: str
     fix: str = ""
     epochs: Optional[tuple[int, ...]] = None
-    evidence: dict[str, Any] = dataclasses.field(default_factory=dict)
+    evidence: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False)  # a Finding stays hashable
 
     @property
     def check(self) -> str:
