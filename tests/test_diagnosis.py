@@ -213,13 +213,28 @@ def test_histories_without_a_training_loss_or_epochs_and_wrong_arguments():
 
 def test_a_divergence_the_run_replayed_is_said_with_its_batch_and_module():
     frame = history([1.0, 0.5, math.nan])
-    replayed = Divergence(epoch=3, batch=17, inputs_finite=True, module="encoder.2")
+    replayed = Divergence(epoch=3, batch=17, inputs_finite=True, module="encoder.2", labels_finite=True, replayed=17)
     finding = kt.diagnose(frame, divergence=replayed).findings[0]
     assert finding.kind == "diverged" and finding.epochs == (3,)
-    assert "epoch 3, batch 17" in finding.message and "encoder.2" in finding.message
-    assert finding.evidence == {"epoch": 3, "batch": 17, "inputs_finite": True, "module": "encoder.2"}
-    dirty = kt.diagnose(frame, divergence=Divergence(3, 2, inputs_finite=False)).findings[0]
-    assert "already held NaN" in dirty.message and "model.doctor" in dirty.message
+    assert "at epoch 3" in finding.message and "batch 17 of the training data" in finding.message
+    assert "was the module 'encoder.2'. Look in its forward" in finding.message
+    assert finding.evidence == {
+        "epoch": 3,
+        "batch": 17,
+        "inputs_finite": True,
+        "module": "encoder.2",
+        "labels_finite": True,
+        "replayed": 17,
+        "data": "training",
+    }
+    dirty = kt.diagnose(frame, divergence=Divergence(3, 2, inputs_finite=False, module="0")).findings[0]
+    assert "its inputs hold some" in dirty.message and "model.doctor" in dirty.message
+    blown = kt.diagnose(frame, divergence=Divergence(3, module="head", weights_finite=False, replayed=40)).findings[0]
+    assert "all 40 batches of the training data gave finite values" in blown.message
+    assert (
+        "holding NaN or infinite weights was the module 'head'" in blown.message
+        and "gradient_clip_val" in blown.message
+    )
 
 
 # -- the input-bound rule, from a timing frame -----------------------------------------------------------
