@@ -177,11 +177,11 @@ class StepOutline(NamedTuple):
 
     values: Optional[tuple[str, ...]] = None
 
-    def columns(self, metric_names: list[str], has_val: bool) -> list[str]:
+    def columns(self, metric_names: list[str], has_val: bool, lr_groups: int = 1) -> list[str]:
         """The history's columns after ``epoch``: a dict's names as ``train_<name>`` (``loss`` is
         ``train_loss``; the train metrics need predictions, which a dict does not give), then ``lr``
         and the validation columns."""
-        usual = history_columns(metric_names, has_val)
+        usual = history_columns(metric_names, has_val, lr_groups)
         if self.values is None:
             return usual
         return [*(f"train_{name}" for name in self.values), *usual[usual.index("lr") :]]
@@ -583,7 +583,8 @@ def fits_own_columns(
     outline = StepOutline()
     if not model.uses_default_train_step:
         outline = try_own_step(model, train_data, runtime, settings.step, name)
-    columns = outline.columns(settings.metric_names(model.metrics_dict), val_data is not None)
+    lr_groups = len(model.optimizer.param_groups)
+    columns = outline.columns(settings.metric_names(model.metrics_dict), val_data is not None, lr_groups)
     columns += [name for name in logs_added_by(settings.callbacks) if name not in columns]
     if not model.uses_default_train_step:  # the step named its values on its trial: monitor one of them
         monitoring = monitor_for_columns(settings.monitoring, columns, outline.values)
