@@ -36,6 +36,7 @@ from .history import history_columns
 from .loop import FitStep
 from .metric_meters import (
     MetricCopies,
+    OutputMetric,
     is_stateful_metric,
     metric_copies_for,
     metric_friendly,
@@ -316,8 +317,8 @@ def check_first_outputs(
 
 def check_metrics_on(
     metrics_dict: dict,
-    preds: Any,
-    labels: Any,
+    whole_preds: Any,
+    whole_labels: Any,
     name: str,
     copies: MetricCopies,
     processes: int = 1,
@@ -330,12 +331,16 @@ def check_metrics_on(
     The copies come from ``copies``, and go back to it for the run's meters.
     Under several processes, a metric whose state is plain Python numbers (which cannot be
     summed over processes) is refused too: it would report one process's share alone."""
-    preds = metric_friendly(preds)
-    kind = outputs_kind(preds, labels)
     for key, metric in metrics_dict.items():
         number_states: list[str] = []
         try:
             with torch.no_grad():
+                if isinstance(metric, OutputMetric):  # a metric of one output gets its values alone
+                    metric, (preds, labels) = metric.metric, metric.pick(whole_preds, whole_labels)
+                else:
+                    preds, labels = whole_preds, whole_labels
+                preds = metric_friendly(preds)
+                kind = outputs_kind(preds, labels)
                 if is_stateful_metric(metric):
                     trial = copies.take(metric)  # comes reset
                     numbers = _number_states(trial) if processes > 1 else {}
