@@ -42,7 +42,7 @@ from .metric_meters import (
 )
 from .metric_sync import is_torchmetrics
 from .outputs import NoLossError
-from .snapshot import training_snapshot
+from .snapshot import model_attributes, training_snapshot
 
 
 def check_first_batches(model: Any, train_data: Any, val_data: Optional[Any], runtime: Any, names: Any) -> None:
@@ -220,26 +220,21 @@ def try_own_step(model: Any, data: Any, runtime: Any, settings: Any, name: str) 
 
 @contextlib.contextmanager
 def trial_snapshot(model: Any, loaders: list, runtime: Any) -> Iterator[None]:
-    """:func:`~kerastorch.tools.snapshot.training_snapshot`, plus what else a step of the user's own
-    may change: the other optimizers and modules the model holds as attributes (a GAN's second
-    optimizer) and the grad scaler."""
-    parts = vars(model).values()
-    optimizers = [p for p in parts if isinstance(p, torch.optim.Optimizer) and p is not model.optimizer]
-    modules = [p for p in parts if isinstance(p, torch.nn.Module) and p is not model.net]
-    saved_optimizers = [copy.deepcopy(optimizer.state_dict()) for optimizer in optimizers]
+    """:func:`~kerastorch.training.snapshot.training_snapshot`, plus what else a step of the user's own
+    may change: the optimizers, schedulers and grad scalers the model holds as attributes (a GAN's
+    second optimizer and its scheduler), fit's grad scaler, and the other modules the model holds."""
+    own = [*model_attributes(model).values(), *([runtime.scaler] if getattr(runtime, "scaler", None) else [])]
+    modules = [p for p in vars(model).values() if isinstance(p, torch.nn.Module) and p is not model.net]
+    saved_own = [copy.deepcopy(part.state_dict()) for part in own]
     saved_modules = [{k: v.detach().clone() for k, v in module.state_dict().items()} for module in modules]
-    scaler = getattr(runtime, "scaler", None)
-    saved_scaler = scaler.state_dict() if scaler is not None else None
     try:
         with training_snapshot(model, loaders):
             yield
     finally:
-        for optimizer, state in zip(optimizers, saved_optimizers):
-            optimizer.load_state_dict(state)
+        for part, state in zip(own, saved_own):
+            part.load_state_dict(state)
         for module, state in zip(modules, saved_modules):
             module.load_state_dict(state)
-        if scaler is not None and saved_scaler:
-            scaler.load_state_dict(saved_scaler)
 
 
 def monitor_for_columns(
