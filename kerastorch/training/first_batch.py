@@ -28,6 +28,7 @@ from ..settings import MonitorSettings
 from ..strategies import unwrap
 from .callback import logs_added_by
 from .callback_list import CallbackList
+from .compiling import eager_net
 from .first_batch_hints import broadcast_mismatch, first_batch_hint
 from .history import history_columns
 from .loop import FitStep
@@ -54,11 +55,12 @@ def check_first_batches(model: Any, train_data: Any, val_data: Optional[Any], ru
     already (:func:`try_own_step`): its training batch is not checked again here.
 
     Every process checks the same batches (the data before each takes its share), so a check fails
-    on all of them or on none."""
-    if model.uses_default_train_step:
-        check_batch(model, first_batch(train_data, names.train_name), runtime, names.train_name)
-    if val_data is not None:
-        check_batch(model, first_batch(val_data, names.val_name), runtime, names.val_name)
+    on all of them or on none. A compiled net is checked as the module it compiles."""
+    with eager_net(model):
+        if model.uses_default_train_step:
+            check_batch(model, first_batch(train_data, names.train_name), runtime, names.train_name)
+        if val_data is not None:
+            check_batch(model, first_batch(val_data, names.val_name), runtime, names.val_name)
 
 
 def check_batch(model: Any, batch: Any, runtime: Any, name: str) -> None:
