@@ -336,7 +336,7 @@ def test_a_mid_epoch_state_keeps_the_epochs_partial_sums_and_its_lr(tmp_path):
     assert meters["count"] == 6 * 8 and [n for _, n in meters["losses"]] == [8] * 6
     assert meters["loss_sum"] + sum(loss * n for loss, n in meters["losses"]) > 0
     assert set(meters["meters"]) == {"acc"}  # the torchmetrics Accuracy's states so far
-    assert state["epoch_lr"] == pytest.approx(state["history"][0]["lr"] * 0.7**3)  # 12 steps of a StepLR(4, 0.7)
+    assert state["epoch_lr"] == pytest.approx({"lr": state["history"][0]["lr"] * 0.7**3})  # 12 steps of StepLR(4, 0.7)
     assert state["processes"][0]["data"]["pass"]["trained"] == 6
 
 

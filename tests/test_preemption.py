@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import subprocess
 import sys
 import threading
 
@@ -214,3 +215,72 @@ def test_sigusr1_under_slurm_stops_two_processes_writes_their_state_and_requeues
     code, output = finish(reference)
     assert code == 0, output
     assert_same_run(tmp_path / "stopped", tmp_path / "reference")
+
+
+class SignalTheCaller(SignalAt):
+    """In the worker of rank 0, sends SIGTERM to the process that started the workers (as a cluster,
+    or `docker stop`, signals the command it ran)."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if (self.epoch, batch) == self.at and os.environ.get("RANK") == "0":
+            os.kill(os.getppid(), signal.SIGTERM)
+
+
+@pytest.mark.slow
+def test_a_sigterm_to_the_caller_of_two_processes_leaves_it_the_best_weights_and_the_history(tmp_path):
+    """The workers stop, write the state and restore the best weights; the caller's model gets those
+    weights and the finished epochs' history before it raises ``Preempted``."""
+    kt.seed_everything(0)
+    x = torch.randn(96, 6, generator=torch.Generator().manual_seed(0))
+    y = (x[:, 0] - x[:, 1] > 0).long()
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    ckpt = tmp_path / "best.safetensors"
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(kt.Preempted, match="SIGTERM"):
+        model.fit(
+            DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True),
+            DataLoader(TensorDataset(x[:32], y[:32]), batch_size=16),
+            epochs=4, patience=None, verbose=0, devices=2, accelerator="cpu", ckpt_path=ckpt, resume=True,
+            callbacks=[SignalTheCaller(2, 1)],
+        )  # fmt: skip
+    assert signal.getsignal(signal.SIGTERM) is handler
+    finished = model.history["epoch"].tolist()  # torch's launcher passes the signal on when it next looks
+    assert finished == list(range(1, len(finished) + 1)) and 1 <= len(finished) < 4, finished
+    best = load_state_file(training_state_path(ckpt))["callbacks"]["RestoreBestWeights"]["best_weights"]
+    assert best.keys() == net.state_dict().keys()
+    assert all(torch.equal(best[k], v) for k, v in net.state_dict().items())
+    assert not all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+
+
+GAN_LIKE_SCRIPT = """
+import os, signal, torch
+from torch import nn
+import kerastorch as kt
+
+class Signalled(kt.KerasModel):
+    def train_step(self, batch):  # the first call is fit's trial of this step
+        os.kill(os.getpid(), signal.SIGTERM)
+        return super().train_step(batch)
+
+x, y = torch.randn(64, 4), torch.randint(0, 2, (64,))
+net = nn.Linear(4, 2)
+before = [p.clone() for p in net.parameters()]
+model = Signalled(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+try:
+    model.fit(x, y, epochs=2, verbose=0)
+except kt.Preempted as stopped:
+    same = all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+    print("preempted;", "weights unchanged" if same else "weights changed", ";", stopped)
+"""
+
+
+def test_a_sigterm_during_the_trial_of_an_own_train_step_stops_fit_cleanly(tmp_path):
+    """fit's signal handlers are in place before it first runs a step of the user's own."""
+    script = tmp_path / "own_step.py"
+    script.write_text(GAN_LIKE_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=ENV, timeout=300)
+    assert done.returncode == 0, done.stderr  # not killed by the signal (-15)
+    assert done.stdout.startswith("preempted; weights unchanged ;"), done.stdout + done.stderr
+    assert "Training stopped by SIGTERM before training began." in done.stdout, done.stdout

@@ -233,3 +233,39 @@ def test_a_batch_sampler_as_sampler_reads_a_tensor_dataset_by_index_and_trains_a
 
     fast = DataLoader(ds, batch_size=None, sampler=BatchSampler(RandomSampler(ds), batch_size=16, drop_last=False))
     assert_same_run(fit(fast), fit(DataLoader(ds, batch_size=16, shuffle=True)))
+
+
+class StandardiseAtTrainBegin(kt.Callback):
+    """Standardises the training and validation tensors in place when training begins."""
+
+    def __init__(self, *loaders):
+        self.loaders = loaders
+
+    def on_train_begin(self, logs=None):
+        for loader in self.loaders:
+            x = loader.dataset.tensors[0]
+            x.sub_(x.mean(0)).div_(x.std(0))
+
+
+def test_data_a_callback_changes_in_on_train_begin_counts_from_the_first_batch_and_the_first_validation():
+    """The first batches fit checks and the first validation are fetched after on_train_begin."""
+
+    def run(standardise_in_callback):
+        x, y = points(96, seed=3)
+        x_val, y_val = points(48, seed=4)
+        x, x_val = x * 7.0 + 3.0, x_val * 7.0 + 3.0
+        dl_train = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
+        dl_val = DataLoader(TensorDataset(x_val, y_val), batch_size=16)
+        callbacks = [StandardiseAtTrainBegin(dl_train, dl_val)] if standardise_in_callback else []
+        if not standardise_in_callback:
+            StandardiseAtTrainBegin(dl_train, dl_val).on_train_begin()
+        kt.seed_everything(0)
+        net = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 2))
+        model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+        history = model.fit(dl_train, dl_val, epochs=2, verbose=0, callbacks=callbacks)
+        return history, model, dl_val
+
+    history, model, dl_val = run(standardise_in_callback=True)
+    before, _, _ = run(standardise_in_callback=False)
+    pd.testing.assert_frame_equal(history, before, check_exact=True)  # as if the data came standardised
+    assert model.evaluate(dl_val, verbose=0)["val_loss"] == pytest.approx(history["val_loss"].min(), rel=1e-6)

@@ -13,8 +13,9 @@ from typing import Any, Iterable, Optional
 
 from ..files.state import describe_position
 from ..strategies import unwrap
+from ..training.snapshot import model_attributes
 from .monitor import MonitorCallback
-from .state_contents import describe_groups, keyed_callbacks, model_attributes, param_shapes
+from .state_contents import describe_groups, keyed_callbacks, param_shapes
 
 
 def _fresh(path: str) -> str:

@@ -19,8 +19,7 @@ variable of the notebook): the state could not restore it. Such a run is refused
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 
@@ -28,39 +27,9 @@ from ..data.peek import num_batches
 from ..data.resumable import innermost_dataloader
 from ..files.state import to_plain
 from ..strategies import strategy_of, unwrap
-
-# The objects whose state a training state keeps when the model holds them as attributes.
-STATEFUL_TYPES = (
-    torch.optim.Optimizer,
-    torch.optim.lr_scheduler.LRScheduler,
-    torch.optim.lr_scheduler.ReduceLROnPlateau,
-    torch.amp.GradScaler,
-)
-
+from ..training.snapshot import model_attributes
 
 # -- the model's own optimizers, schedulers and grad scalers ------------------------------------
-
-
-def model_attributes(model: Any) -> dict[str, Any]:
-    """The optimizers, schedulers and grad scalers the model holds as attributes, besides fit's own,
-    by name: ``{"d_optimizer": Adam(...), "optimizers[1]": SGD(...)}``. Each object once (the first
-    name that holds it), in the order the attributes were set."""
-    fits = [model.optimizer, model.lr_scheduler, grad_scaler(model)]
-    found: dict[str, Any] = {}
-    for name, value in _attributes_and_items(model):
-        if isinstance(value, STATEFUL_TYPES) and not any(value is seen for seen in [*fits, *found.values()]):
-            found[name] = value
-    return found
-
-
-def _attributes_and_items(model: Any) -> Iterator[tuple[str, Any]]:
-    for name, value in vars(model).items():
-        if isinstance(value, (list, tuple)):
-            yield from ((f"{name}[{i}]", item) for i, item in enumerate(value))
-        elif isinstance(value, Mapping):
-            yield from ((f"{name}[{key!r}]", item) for key, item in value.items())
-        else:
-            yield name, value
 
 
 def attributes_state(model: Any) -> dict[str, dict]:
@@ -120,11 +89,6 @@ def check_serializable(model: Any, callbacks: Iterable[Any]) -> None:
             to_plain(value.state_dict(), f"model.{name}.state_dict()")
     for key, cb in keyed_callbacks(callbacks).items():
         to_plain(cb.state_dict(), f"the {key} callback's state_dict()")
-
-
-def grad_scaler(model: Any) -> Any:
-    """fit's grad scaler (``precision="16-mixed"`` on CUDA), or None."""
-    return getattr(getattr(model, "runtime", None), "scaler", None)
 
 
 def param_shapes(optimizer: Any) -> list[list[list[int]]]:

@@ -71,6 +71,7 @@ from ..helpers.rng import capture_rng_state, restore_rng_state
 from ..strategies import strategy_of
 from ..training.callback import ORDER_TRAINING_STATE, Callback
 from ..training.position import EpochResume, RunPosition
+from ..training.snapshot import grad_scaler
 from .resume_checks import (
     check_same_attributes,
     check_same_batches,
@@ -85,7 +86,6 @@ from .state_contents import (
     check_optimizers_found,
     check_serializable,
     data_shape,
-    grad_scaler,
     keyed_callbacks,
     load_attributes_state,
     load_loss_state,

@@ -37,6 +37,7 @@ from ..helpers.protocols import Epochs, TrainableModel
 from ..settings import StepSettings, is_validated
 from .callback_list import CallbackList
 from .eval_loop import evaluate_epoch
+from .history import lr_columns
 from .meters import EpochMeters, StepLogs
 from .position import RunPosition
 from .preemption import Preemption
@@ -73,11 +74,11 @@ def fit_loop(
     for epoch in range(first_epoch, last_epoch + 1):
         modes.for_training()  # before on_epoch_begin: a callback may put a module in eval mode there
         callbacks.call("on_epoch_begin", epoch, {})
-        lr = position.begin_epoch(epoch, current_lr(model.optimizer))
+        rates = position.begin_epoch(epoch, learning_rates(model.optimizer))
         train_logs = epochs.train(train_loader)
         validate = val_loader is not None and is_validated(epoch, validation_freq)
         val_logs = epochs.validate(val_loader) if validate else {}
-        logs = {"epoch": epoch, **train_logs, "lr": lr, **val_logs}
+        logs = {"epoch": epoch, **train_logs, **rates, **val_logs}
         epochs.end_epoch(logs)  # before the row joins the history: a failure here keeps the epoch out of it
         history.append(logs)
         runtime.wait_for_everyone()  # with several processes, files are written after a barrier
@@ -360,8 +361,11 @@ class FitStep:
 STEP_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_after_optimizer_step")
 
 
-def current_lr(optimizer: torch.optim.Optimizer) -> float:
-    return float(optimizer.param_groups[0]["lr"])
+def learning_rates(optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    """Each parameter group's learning rate as the epoch begins, under its history column's name: ``lr``,
+    then ``lr_1``, ``lr_2``... with several groups (also a group a callback adds during the run)."""
+    groups = optimizer.param_groups
+    return dict(zip(lr_columns(len(groups)), (float(group["lr"]) for group in groups)))
 
 
 __all__ = ["FitEpochs", "FitStep", "TimedBatches", "fit_loop", "train_epoch"]
