@@ -498,7 +498,8 @@ def test_a_loader_that_sleeps_makes_an_input_bound_run():
     model.fit(DataLoader(SlowToRead(x, y), batch_size=16, shuffle=True), epochs=3, verbose=0)
     report = model.diagnose()
     bound = next(f for f in report.findings if f.kind == "input_bound")
-    assert bound.epochs == (2, 3) and bound.evidence["data_wait_fraction"] >= diagnosis.INPUT_BOUND_FRACTION, str(report)
+    assert bound.epochs == (2, 3), str(report)  # the first epoch, which starts the loader, left out
+    assert bound.evidence["data_wait_fraction"] >= diagnosis.INPUT_BOUND_FRACTION
     assert (report.timing["seconds"] > 48 * 0.01).all()
     assert "num_workers" in bound.message
 
