@@ -194,6 +194,10 @@ def test_without_validation_the_rules_read_the_training_loss():
 def test_not_converged_needs_the_validation_loss_at_its_lowest_too():
     assert kt.diagnose(history([2.0, 1.2, 0.8], [1.5, 1.0, 0.9])).kinds == ["not_converged"]
     assert kt.diagnose(history([2.0, 1.2, 0.8], [1.5, 1.0, 1.1])).kinds == []  # validation has stopped improving
+    # fit monitored an accuracy that was best at epoch 1 (early stopping ends such a run): not said either
+    stopped = history([2.0, 1.2, 0.8], [1.5, 1.0, 0.9], val_acc=[0.9, 0.8, 0.8])
+    assert kt.diagnose(stopped, monitor="val_acc", mode="max").kinds == []
+    assert kt.diagnose(stopped).kinds == ["not_converged"]  # by the validation loss, fit's default monitor
 
 
 def test_underfitting_needs_the_validation_loss_alike():
@@ -586,3 +590,16 @@ def test_validation_samples_in_the_training_data_are_in_the_runs_report_under_a_
     monkeypatch.setattr(fit_report, "OVERLAP_MAX_BYTES", 300 * 2 * 4)  # the training rows alone fill it
     model.fit(x[:300], y[:300], validation_data=leaky, epochs=2, verbose=0)
     assert "train_val_overlap" not in model.diagnose().kinds
+
+
+@pytest.mark.slow
+def test_the_report_of_a_run_in_two_processes_comes_back_to_the_caller(capfd):
+    x, y = blobs(256)
+    torch.manual_seed(0)
+    net = nn.Linear(2, 3)
+    model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=1e-3))
+    model.fit(x, y, validation_data=(x[:64], y[:64]), epochs=2, accelerator="cpu", devices=2, verbose=2)
+    report = model.diagnose()  # made by the main worker, sent back with its results
+    assert report.kinds[0] == "train_val_overlap", str(report)
+    assert report.findings[0].evidence["count"] == 64 and report.timing["epoch"].tolist() == [1, 2]
+    assert capfd.readouterr().out.count("What the curves say:") == 1  # printed by one process only

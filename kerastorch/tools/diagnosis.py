@@ -21,7 +21,7 @@ thresholds (the constants below):
   fell at every epoch.
 - ``"not_converged"``: the last epoch still lowered the training loss by ``NOT_CONVERGED_DROP`` (2%)
   of the first epoch's training loss or more, and the validation loss (if any) reached its lowest
-  value there.
+  value there, as did the monitored value (``monitor=``, when it is given).
 - ``"underfitting"``: the run did not learn enough. Without knowing the task, "enough" is measured
   against the first epoch: the last training loss is still ``UNDERFIT_SHARE`` (half) or more of the
   first epoch's; it improved by less than ``FLAT_CHANGE`` (2%) over the last ``FLAT_EPOCHS`` (3)
@@ -168,8 +168,9 @@ def diagnose(
     if curves is not None and len(curves.train):
         if monitor == "auto":
             monitor = "val_loss" if "val_loss" in history else "train_loss"
-        kept = best_epoch(history, monitor, mode) if monitor and restore_best_weights else None
-        findings.extend(_curve_findings(curves, None if kept is None else (kept[0], str(monitor)), monitor))
+        best = best_epoch(history, monitor, mode) if monitor else None
+        kept = (best[0], str(monitor)) if best is not None and restore_best_weights else None
+        findings.extend(_curve_findings(curves, kept, monitor, None if best is None else best[0]))
     findings.extend(_input_bound(timing))
     return Diagnosis(findings, source="run", timing=timing)
 
@@ -194,11 +195,13 @@ def _curves(history: pd.DataFrame) -> tuple[Curves, Optional[int]]:
     return curves, (int(epochs[first_bad]) if first_bad < len(train) else None)
 
 
-def _curve_findings(curves: Curves, kept: Optional[tuple[int, str]], monitor: Optional[str]) -> list[Finding]:
+def _curve_findings(
+    curves: Curves, kept: Optional[tuple[int, str]], monitor: Optional[str], best_at: Optional[int]
+) -> list[Finding]:
     findings: list[Finding] = []
     too_high = _lr_too_high(curves)
     too_low = None if too_high else _lr_too_low(curves)
-    still_improving = None if too_high else _not_converged(curves)
+    still_improving = None if too_high else _not_converged(curves, best_at)
     findings += [f for f in (too_high, too_low) if f is not None]
     overfit = _overfitting(curves, kept, monitor)
     if overfit is not None:
@@ -313,10 +316,12 @@ def _overfitting(curves: Curves, kept: Optional[tuple[int, str]], monitor: Optio
     )
 
 
-def _not_converged(curves: Curves) -> Optional[Finding]:
+def _not_converged(curves: Curves, best_at: Optional[int]) -> Optional[Finding]:
     train = curves.train
     if len(train) < 2 or train[-2] - train[-1] < NOT_CONVERGED_DROP * abs(train[0]):
         return None
+    if best_at is not None and best_at != int(curves.epochs[-1]):
+        return None  # the monitored value was best at an earlier epoch: more of the same would not help it
     if curves.val is not None:
         val = curves.val[curves.validated]
         if not curves.validated[-1] or len(val) < 2 or val[-1] >= val[:-1].min():
