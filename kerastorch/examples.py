@@ -29,7 +29,10 @@ def digits_datasets(
     try:
         from sklearn.datasets import load_digits
     except ImportError:
-        raise ImportError('The digits data comes with scikit-learn: pip install "kerastorch[examples]"') from None
+        raise ImportError(
+            "The digits data comes with scikit-learn, which is not installed. Install it with "
+            'pip install scikit-learn, or in a copy of the kerastorch repository: pip install ".[examples]"'
+        ) from None
     digits = load_digits()
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
     if size != 8:
