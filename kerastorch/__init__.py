@@ -9,15 +9,15 @@ Who owns what, in the order a ``fit`` call goes through them:
 | concern | where | what it owns |
 | --- | --- | --- |
 | the user's objects | ``model.py`` | ``KerasModel``: the net, loss, metrics, optimizer; its methods hand their keywords to the door |
-| keywords | ``arguments.py`` (the door) | every keyword's check, aliases (Keras's, torchkeras's, Lightning's words), ``"auto"`` resolved |
-| settings | ``settings.py`` | the frozen groups the door builds; everything downstream trusts them |
+| keywords | ``arguments.py`` (the door) | the call in kerastorch's words (Keras's, torchkeras's aliases), checks that join keywords, ``"auto"`` resolved |
+| settings | ``settings.py`` | the frozen groups, each built and checked by name from the call (``from_keywords``); downstream trusts them |
 | data | ``data/`` | one adapter per data form, turning it into loaders; reading a batch into inputs, labels, weights |
 | where | ``devices/`` | Lightning's device words, who started us (torchrun, SLURM, MPI, Kubeflow, Ray), the plan, the runtime |
 | how processes share the work | ``strategies/`` | single device, model parallel, DDP, FSDP behind one protocol; nothing else asks which runs |
 | checks | ``checks/`` | the model and the first batch, before the first weight changes |
 | the run | ``training/`` | ``run`` → ``fit_loop(Epochs)`` → ``FitStep``; meters, history, evaluate and predict |
 | optional behaviour | ``callbacks/`` | best weights, early stopping, progress, resume, loggers ... each a callback with an ``order`` |
-| around a fit | ``tools/`` | ``lr_find`` and one cycle, ``doctor``, ``interpret``, ``summary``, plots (reusing ``FitStep``) |
+| around a fit | ``tools/`` | ``lr_find`` and one cycle, ``doctor``, the run's report (``diagnose``), ``interpret``, ``summary``, plots (reusing ``FitStep``) |
 | torchkeras | ``compat/`` | its step classes as one more ``Epochs``, its callbacks, metrics and words, the ``nn.Module`` names |
 | files | ``files/`` | weights and training-state files, written atomically, read without running code |
 
@@ -28,20 +28,29 @@ import paths. Lightning's ``Trainer`` trains a ``kt.LightModel`` (``lightmodel.p
 
 import importlib as _importlib
 import importlib.util as _importlib_util
+import warnings as _warnings
+
+# accelerate imports tqdm.auto, which warns at import in a Jupyter kernel without ipywidgets
+# ("IProgress not found"). kerastorch draws its own progress and never shows tqdm's widgets, so that
+# red warning would only send a beginner to install something they do not need: accelerate is
+# imported first, quietly.
+with _warnings.catch_warnings():
+    _warnings.filterwarnings("ignore", message="IProgress not found")
+    import accelerate as _accelerate  # noqa: F401
 
 from . import (
-    _quiet_tqdm,  # noqa: F401 (first: accelerate imported quietly)
     callbacks,
     devices,
     strategies,
 )
 from .callbacks import Callback
 from .devices.environment import ClusterEnvironment, cluster_environment  # noqa: F401 (the page documents it here)
+from .helpers.plots import plot_history
+from .helpers.seed import seed_everything, seed_worker
 from .model import KerasModel
-from .seed import seed_everything, seed_worker
 from .summary import summary  # the module first: importing it later must not hide the function
+from .tools.diagnosis import diagnose
 from .tools.doctor import DoctorError
-from .tools.plots import plot_history
 from .training.preemption import Preempted
 
 __version__ = "0.3.0.dev0"
@@ -54,6 +63,7 @@ __all__ = [
     "callbacks",
     "cluster_environment",
     "devices",
+    "diagnose",
     "plot_history",
     "seed_everything",
     "seed_worker",
@@ -70,8 +80,8 @@ _MOVED = {
     "parse_devices": ".devices",
     "find_usable_cuda_devices": ".devices",
     "LivePlot": ".callbacks",
-    "Diagnosis": ".tools.doctor",
-    "Finding": ".tools.doctor",
+    "Diagnosis": ".tools.report",
+    "Finding": ".tools.report",
     "Interpretation": ".tools.interpret",
     "LRFinderResult": ".tools.tuning",
 }

@@ -29,9 +29,11 @@ except ImportError as error:
 
 from torchmetrics import Metric
 
-from .data.batches import batch_size_of, detach
-from .training.meters import is_stateful_metric, metric_friendly, metric_update_fn, scalar_metric_value
-from .training.parts import ModelParts, check_loss_fn
+from .data.batches import detach
+from .model import ModelParts
+from .training.meters import samples_in
+from .training.metric_meters import is_stateful_metric, metric_friendly, metric_update_fn, scalar_metric_value
+from .training.model_checks import check_loss_fn
 
 STAGES = ("train", "val", "test")
 
@@ -121,7 +123,7 @@ class LightModel(ModelParts, pl.LightningModule):
 
     def _shared_step(self, batch: Any, stage: str) -> torch.Tensor:
         loss, preds, labels = self.forward_batch(batch)
-        batch_size = batch_size_of(labels, preds)
+        batch_size = samples_in(labels, preds, batch, self.labels_at)
         # batch_size makes Lightning's epoch value a sample-weighted mean (exact with a
         # short last batch); sync_dist sums over devices once, at epoch end.
         self.log(

@@ -1,25 +1,29 @@
 """``KerasModel``: a net, a loss, metrics and an optimizer, trained with one ``fit`` call.
 
-This class holds the user's objects and turns ``fit``'s keywords into settings; the work
-is elsewhere: :mod:`~kerastorch.training.run` runs a fit (plan, runtime, loop, history),
-:mod:`~kerastorch.training.step` the training step, :mod:`~kerastorch.training.evaluation` evaluate and
-predict, :mod:`~kerastorch.callbacks` every optional behaviour and
-:mod:`~kerastorch.files.weights` reads and writes weights.
+This module holds the user's objects and how a batch goes through them (:class:`ModelParts`:
+``forward_batch``), the one training step (:meth:`KerasModel.train_step`), and hands ``fit``'s
+keywords to the door (:mod:`kerastorch.arguments`). The rest is elsewhere: :mod:`kerastorch.run`
+runs a fit, :mod:`kerastorch.training.loop` its epochs and optimizer steps,
+:mod:`kerastorch.evaluation` evaluate and predict, :mod:`kerastorch.callbacks` every optional
+behaviour and :mod:`kerastorch.files.weights` reads and writes weights.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import pandas as pd
 import torch
 from torch import nn
 from tqdm.std import tqdm as text_tqdm
 
-from . import arguments
+from . import arguments, evaluation, run
 from .compat.module import ModuleLike
+from .data.batches import check_labels_at, describe_reading, split_batch, split_inputs, split_sample_weight
+from .data.sample_weights import weighted_loss
 from .devices.runtime import Runtime
 from .files.weights import load_weights, save_weights
 from .strategies import Strategy, unwrap
@@ -29,11 +33,143 @@ from .tools import tuning
 from .tools.doctor import Diagnosis
 from .tools.interpret import Interpretation
 from .tools.tuning import LRFinderResult
-from .training import evaluation, run, step
-from .training.parts import ModelParts
+from .training import loop
+from .training.labels import AS_GIVEN, LabelFix, label_fix
+from .training.metric_meters import check_metrics
+from .training.model_checks import check_model_parts
+from .training.outputs import NoLossError, describe_output, has_fields, own_loss, predictions_of
 
-# The default train_step and the model calls it makes (see KerasModel.uses_default_step_calls).
-_DEFAULT_STEP_CALLS = ("train_step", "autocast", "backward", "optimizer_step")
+
+class ModelParts:
+    """A net, its loss, metrics, optimizer and scheduler, and how a batch goes through them.
+
+    Subclass and override :meth:`forward_batch` (and :meth:`predict_batch`) for a batch
+    layout or a loss that the defaults and ``labels_at`` do not cover.
+    """
+
+    net: torch.nn.Module
+    loss_fn: Optional[Any]
+    metrics_dict: dict
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: Optional[Any]
+    lr_scheduler_interval: str
+    labels_at: Optional[Union[int, str]]
+    label_fix: Optional[LabelFix]  # decided on the first batch of a run; None until then
+
+    def set_parts(
+        self,
+        net: torch.nn.Module,
+        loss_fn: Optional[Any],
+        metrics_dict: Optional[dict],
+        optimizer: Optional[torch.optim.Optimizer],
+        lr_scheduler: Optional[Any],
+        lr_scheduler_interval: str,
+        labels_at: Optional[Union[int, str]] = None,
+    ) -> None:
+        """Check and keep the parts; Adam with lr=1e-3 when no optimizer is given."""
+        check_model_parts(net, loss_fn, lr_scheduler, lr_scheduler_interval)
+        self.net = net
+        self.loss_fn = loss_fn
+        self.metrics_dict = check_metrics(metrics_dict)
+        self.optimizer = optimizer if optimizer is not None else torch.optim.Adam(net.parameters(), lr=1e-3)
+        self.lr_scheduler = lr_scheduler
+        self.lr_scheduler_interval = lr_scheduler_interval
+        self.labels_at = check_labels_at(labels_at)
+        self.start_reading()
+
+    def start_reading(self, say: Optional[Callable[[str], Any]] = None) -> None:
+        """Read the next batch afresh: a run (fit, evaluate) decides on its first batch how it reads
+        the labels and the net's output, keeps that for its other batches, and ``say``s it once."""
+        self.label_fix = None
+        self._say_reading = say
+
+    def forward_batch(self, batch: Any) -> tuple[torch.Tensor, Any, Any]:
+        """Turn one batch into ``(loss, preds, labels)``; ``loss`` is the batch mean.
+
+        The default reads ``(x, y)``, ``(x1, ..., xn, y)`` or a dict with a ``labels`` key (or the
+        labels where ``labels_at`` says), calls the net and ``loss_fn``. Without a ``loss_fn``, the
+        net computes its own loss: a dict batch goes to it whole, labels included, and its output's
+        ``loss`` is used (a Hugging Face model's ``ModelOutput``, or any object or dict with
+        ``loss``); the predictions are the output's ``logits``. Labels of shape ``(N,)`` for outputs
+        ``(N, 1)`` and integer labels for a loss that needs floats are fixed as Keras does
+        (:mod:`~kerastorch.training.labels`). Override it for anything else; training,
+        evaluation, the meters and the callbacks all go through it. A batch with sample weights (a
+        ``sample_weight`` key in a dict, or what ``fit(sample_weight=..., class_weight=...)`` makes)
+        gets the weighted loss of :mod:`kerastorch.data.sample_weights`.
+        """
+        kwargs: dict[str, Any]
+        if type(batch) in (list, tuple) and len(batch) == 2 and self.labels_at is None:
+            # (x, y), the usual batch: read as the two calls below would read it, without their
+            # cost (about 1.7 us a step on a 2-core CPU).
+            plain, sample_weight, args, kwargs, labels = batch, None, (batch[0],), {}, batch[1]
+        else:
+            plain, sample_weight = split_sample_weight(batch)
+            args, kwargs, labels = split_batch(plain, self.labels_at)
+        if self.loss_fn is None and isinstance(plain, dict):
+            kwargs = plain  # the net computes its own loss: it gets the labels too (Hugging Face's way)
+        output = self.net(*args, **kwargs)
+        preds = output if isinstance(output, torch.Tensor) else predictions_of(output)  # the common case first
+        if isinstance(labels, torch.Tensor) and isinstance(preds, torch.Tensor) and labels.device != preds.device:
+            labels = labels.to(preds.device, non_blocking=True)  # a net spread over devices ends on another one
+        fix = self.label_fix if self.label_fix is not None else self._decide_reading(plain, output, preds, labels)
+        if self.loss_fn is None:
+            loss = own_loss(output)
+            if sample_weight is not None:
+                raise ValueError(
+                    "Sample weights need each sample's loss, but the net computes its own (one number for the batch, "
+                    "as loss_fn is None). Pass a loss_fn (e.g. nn.CrossEntropyLoss()) to weight the samples."
+                )
+            return loss, preds, labels  # type: ignore[return-value]
+        loss_labels = labels
+        if fix is not AS_GIVEN:  # decided on the first batch: a view or a cast, no wait for the device
+            loss_labels, labels = fix.for_loss(labels), fix.for_metrics(labels)
+        if sample_weight is not None:
+            return weighted_loss(self.loss_fn, preds, loss_labels, sample_weight), preds, labels
+        return self.loss_fn(preds, loss_labels), preds, labels
+
+    @property
+    def uses_default_forward_batch(self) -> bool:
+        """True unless a subclass overrides :meth:`forward_batch` (the loss and the batch layout are then its own)."""
+        return type(self).forward_batch is ModelParts.forward_batch
+
+    def predict_batch(self, batch: Any) -> Any:
+        """The net's output for one batch (its ``logits`` for an output with fields); labels in the batch,
+        if any, are ignored (read as ``forward_batch`` reads them)."""
+        args, kwargs = split_inputs(batch, self.labels_at)
+        return predictions_of(self.net(*args, **kwargs))
+
+    def _decide_reading(self, batch: Any, output: Any, preds: Any, labels: Any) -> LabelFix:
+        """On a run's first batch: the net's own loss or the labels fixed for ``loss_fn``, said once."""
+        if self.loss_fn is None:
+            if own_loss(output) is None:
+                kind = type(self).__name__
+                raise NoLossError(
+                    f"{kind} has no loss_fn. Pass one, e.g. {kind}(net, loss_fn=nn.CrossEntropyLoss()), or let the "
+                    "net compute its own (as Hugging Face models do: a dict batch with 'labels' goes to the net "
+                    "whole, and its output's .loss is used). kerastorch called "
+                    f"{describe_reading(batch, self.labels_at, labels_to_net=isinstance(batch, dict))}, and the net "
+                    f"returned {describe_output(output)}, which has no loss. Or override forward_batch to compute "
+                    "the loss yourself."
+                )
+            fix = AS_GIVEN
+            note = (
+                f"No loss_fn: the net computes its own loss. kerastorch calls "
+                f"{describe_reading(batch, self.labels_at, labels_to_net=isinstance(batch, dict))} and uses the "
+                f"output's loss; the metrics and predict get its {'logits' if has_fields(output) else 'output'}."
+            )
+        else:
+            fix = label_fix(self.loss_fn, preds, labels)
+            note = fix.note
+            if has_fields(output):
+                note = (
+                    f"The net returns {describe_output(output)}: the loss, the metrics and predict get its logits. "
+                    + note
+                )
+        self.label_fix = fix
+        say = getattr(self, "_say_reading", None)
+        if note and say is not None:
+            say(note)
+        return fix
 
 
 class KerasModel(ModuleLike, ModelParts):
@@ -94,7 +230,7 @@ class KerasModel(ModuleLike, ModelParts):
         self.history = pd.DataFrame()
         self.stop_training = False
         self.runtime: Optional[Runtime] = None
-        self.fit_step: Optional[step.FitStep] = None  # set while fit trains
+        self.fit_step: Optional[loop.FitStep] = None  # set while fit trains
         self.run_id: Optional[str] = None  # the Weights & Biases run's id, once a WandbLogger started one
         # The last fit's choices, read back by programs (model.ckpt_path, model.mode).
         self.ckpt_path: Optional[Union[str, os.PathLike]] = None
@@ -258,7 +394,7 @@ class KerasModel(ModuleLike, ModelParts):
         Returns:
             The history, a pandas DataFrame (also kept as ``model.history``).
         """
-        data, settings = arguments.fit_arguments(self, **_keywords(locals()))
+        data, settings = arguments.fit_arguments(self, _called(locals()))
         return self._fit(data, settings)
 
     def _fit(self, data: Any, settings: Any, lr_schedule: Any = None) -> pd.DataFrame:
@@ -322,7 +458,7 @@ class KerasModel(ModuleLike, ModelParts):
             result = model.lr_find(dl_train)
             model.optimizer.param_groups[0]["lr"] = result.suggestion
         """
-        data, devices_settings, data_settings, finder = arguments.finder_arguments(self, **_keywords(locals()))
+        data, devices_settings, data_settings, finder = arguments.finder_arguments(_called(locals()))
         self.start_reading()  # this data's first batch decides how its labels are read
         return tuning.lr_find(self, data, devices_settings, data_settings, finder)
 
@@ -340,7 +476,9 @@ class KerasModel(ModuleLike, ModelParts):
         falls to ``max_lr / 25e4`` by the last one; the history's ``lr`` column shows the cycle.
         ``max_lr=None`` runs :meth:`lr_find` first and uses its suggestion (printed). Every
         other argument is ``fit``'s. A model built with its own ``lr_scheduler`` is refused:
-        the cycle is the schedule.
+        the cycle is the schedule. When it returns (also after an early stop, Ctrl-C or an
+        error) the optimizer's learning rates, momentum and betas are as they were, so a
+        ``fit`` after it trains at the optimizer's own rate, not at the cycle's last one.
 
         Example::
 
@@ -353,7 +491,10 @@ class KerasModel(ModuleLike, ModelParts):
                 "KerasModel without lr_scheduler=, or call fit instead."
             )
         max_lr = arguments.max_lr_argument(max_lr)
-        data, settings = arguments.fit_arguments(self, train_data, val_data, epochs, **fit_arguments)
+        # fit's arguments as a call to fit binds them: fit's signature is the only one written.
+        called = inspect.signature(KerasModel.fit).bind(self, train_data, val_data, epochs, **fit_arguments)
+        called.apply_defaults()
+        data, settings = arguments.fit_arguments(self, _called(called.arguments))
         if max_lr is None:
             max_lr = tuning.lr_find(self, *tuning.finder_for_fit(data, settings)).suggestion
             if settings.output.verbose:
@@ -408,14 +549,6 @@ class KerasModel(ModuleLike, ModelParts):
         """True unless a subclass overrides :meth:`train_step` (fit then checks the first batch inside it)."""
         return type(self).train_step is KerasModel.train_step
 
-    @property
-    def uses_default_step_calls(self) -> bool:
-        """True when :meth:`train_step` and the three calls it makes (:meth:`autocast`, :meth:`backward`,
-        :meth:`optimizer_step`) are all KerasModel's own: fit then runs that step with the calls made
-        directly (:class:`~kerastorch.training.step.FitStep`), the same step with fewer frames per batch."""
-        own = type(self)
-        return all(getattr(own, name) is getattr(KerasModel, name) for name in _DEFAULT_STEP_CALLS)
-
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of a batch's loss, inside :meth:`train_step` (scaled and accumulated as fit was asked)."""
         self._running_step("backward").backward(loss)
@@ -429,7 +562,7 @@ class KerasModel(ModuleLike, ModelParts):
         """The run's mixed-precision context for the forward pass and the loss (a no-op in full precision)."""
         return self._running_step("autocast").runtime.autocast()
 
-    def _running_step(self, name: str) -> step.FitStep:
+    def _running_step(self, name: str) -> loop.FitStep:
         if self.fit_step is None:
             raise RuntimeError(f"model.{name}() works inside train_step while fit trains; it was called outside fit.")
         return self.fit_step
@@ -476,7 +609,7 @@ class KerasModel(ModuleLike, ModelParts):
             ``{"val_loss": ..., "val_<metric>": ...}``, exact over the samples (the history's names);
             with ``return_dict=False``, ``[val_loss, val_<metric>, ...]`` or a single float.
         """
-        given, settings = arguments.evaluate_arguments(self, **_keywords(locals()))
+        given, settings = arguments.evaluate_arguments(_called(locals()))
         return evaluation.evaluate(self, given, settings)
 
     def predict(
@@ -520,7 +653,7 @@ class KerasModel(ModuleLike, ModelParts):
 
             tags = model.predict(dl_test, concatenate=False)  # [(16, 11, 5), (16, 9, 5), ...]
         """
-        given, settings = arguments.predict_arguments(self, **_keywords(locals()))
+        given, settings = arguments.predict_arguments(_called(locals()))
         return evaluation.predict(self, given, settings)
 
     # -- diagnosis and interpretation ----------------------------------------------------
@@ -547,7 +680,7 @@ class KerasModel(ModuleLike, ModelParts):
             A :class:`~kerastorch.tools.doctor.Diagnosis`: ``.findings``, ``.errors``; printing it is a
             short report (in Jupyter a table).
         """
-        data, data_settings = arguments.doctor_arguments(self, **_keywords(locals()))
+        data, data_settings = arguments.doctor_arguments(_called(locals()))
         self.start_reading()  # this data's first batch decides how its labels are read
         return doctor_module.doctor(self, data, data_settings, num_batches=num_batches, overfit_steps=overfit_steps)
 
@@ -595,9 +728,10 @@ class KerasModel(ModuleLike, ModelParts):
             text_tqdm.write(" ".join(str(a) for a in args))
 
 
-def _keywords(called_with: dict) -> dict:
-    """A method's arguments as it was called with them (its ``locals()`` on entry), for the door."""
-    return {name: value for name, value in called_with.items() if name != "self"}
+def _called(arguments: Mapping[str, Any]) -> dict:
+    """A method's arguments as it was called with them, every parameter by name with its default
+    filled in (its ``locals()`` on entry, or its signature bound to a call), for the door."""
+    return {name: value for name, value in arguments.items() if name != "self"}
 
 
 __all__ = ["KerasModel"]

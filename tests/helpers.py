@@ -1,5 +1,6 @@
 """What the tests share: the same accuracy as a plain function and as the module that torchkeras
-users write (state in Parameters, updated in forward); a way to run a test where file modes bind.
+users write (state in Parameters, updated in forward); a way to run a test where file modes bind;
+what a method of KerasModel hands the door for a call.
 
 Imported as ``from helpers import ...``: pytest puts tests/ on the path, and so does
 running a script in tests/ as ``python tests/xxx_script.py``.
@@ -7,6 +8,7 @@ running a script in tests/ as ``python tests/xxx_script.py``.
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 import subprocess
@@ -15,6 +17,14 @@ import sys
 import pytest
 import torch
 from torch import nn
+
+
+def called(method, model, *args, **kwargs) -> dict:
+    """What ``model.method(*args, **kwargs)`` hands the door (``kerastorch.arguments``): the method's
+    signature bound to the call, every default filled in."""
+    bound = inspect.signature(method).bind(model, *args, **kwargs)
+    bound.apply_defaults()
+    return {name: value for name, value in bound.arguments.items() if name != "self"}
 
 
 def accuracy(preds: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -54,7 +54,7 @@ with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as procs:
     procs.write(str(os.getpid()))
 import torch
 from kerastorch.devices import cgroups, plan
-from kerastorch.files import host_memory
+from kerastorch.devices import host_memory
 before = host_memory.available_host_memory()
 ballast = torch.ones(200 * (1 << 20) // 4)  # 200 MB, every page touched
 after = host_memory.available_host_memory()

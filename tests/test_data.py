@@ -216,9 +216,10 @@ def test_steps_per_epoch_on_an_endless_stream_continues_the_same_iterator():
     model.net.forward = forward
     history = model.fit(Counting(), epochs=3, steps_per_epoch=4, batch_size=5, verbose=0, patience=None)
     assert len(history) == 3
-    # 3 epochs x 4 batches that never repeat a sample (the first-batch checks ride on the
-    # first real step: the net sees no batch of their own)
-    trained = seen
+    # The first-batch checks look at the first batch a fresh pass gives, and leave the stream where it
+    # was: then 3 epochs x 4 batches that never repeat a sample.
+    checked, trained = seen[0], seen[1:]
+    assert checked == trained[0]
     assert len(trained) == 12
     assert [row[0] for row in trained] == [5.0 * i for i in range(12)]
 

@@ -28,6 +28,7 @@ USER_PAGES = [
     "docs/callbacks.md",
     "docs/tuning.md",
     "docs/doctor.md",
+    "docs/reading-your-run.md",
     "docs/performance.md",
     "docs/glossary.md",
     "docs/devices.md",

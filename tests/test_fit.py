@@ -290,9 +290,9 @@ def test_small_outputs_reach_the_metrics_a_few_times_an_epoch_and_stay_exact():
     CountedAccuracy.update_sizes.clear()
     model.fit(loader, epochs=1, verbose=0)
     sizes = list(CountedAccuracy.update_sizes)
-    # The first batch alone (the first-batch check's copy, which the meter keeps), then groups.
-    assert sizes[0] == 4 and sum(sizes) == len(x)
-    assert len(sizes) == 1 + math.ceil(599 / FLUSH_EVERY) and FLUSH_EVERY >= 256
+    # The first batch alone (on the first-batch check's copy), then the meter's groups.
+    assert sizes[0] == 4 and sum(sizes[1:]) == len(x)
+    assert len(sizes) == 1 + math.ceil(600 / FLUSH_EVERY) and FLUSH_EVERY >= 256
     scores = model.evaluate(loader, verbose=0)
     with torch.no_grad():
         by_hand = (net(x).argmax(1) == y).float().mean().item()
@@ -333,12 +333,12 @@ def test_sequence_outputs_of_several_lengths_reach_the_metrics_exactly():
     )
     TokenAccuracy.update_lengths.clear()
     history = model.fit(batches, batches, epochs=1, verbose=0)
-    # The checks' trials on the first validation and training batches; then each epoch's batches in
-    # one flush: runs of one length joined (training's first batch is the trial's already).
+    # The checks' trials on the first training and validation batches; then each epoch's batches in
+    # one flush: runs of one length joined.
     assert TokenAccuracy.update_lengths == [
         (4, 5),
         (4, 5),
-        *[(8, 5), (8, 9), (4, 5), (8, 7)],
+        *[(12, 5), (8, 9), (4, 5), (8, 7)],
         *[(12, 5), (8, 9), (4, 5), (8, 7)],
     ]
     with torch.no_grad():
@@ -381,12 +381,12 @@ def test_outputs_of_several_dtypes_reach_the_metrics_as_they_came():
     DtypeAccuracy.updates.clear()
     history = model.fit(batches, batches, epochs=1, verbose=0)
     f32, f64 = torch.float32, torch.float64
-    # The checks' trials on the first validation and training batches, then each epoch's batches in
-    # one flush: the runs of one dtype joined (training's first batch is the trial's already).
+    # The checks' trials on the first training and validation batches, then each epoch's batches in
+    # one flush: the runs of one dtype joined.
     assert DtypeAccuracy.updates == [
         (f32, 4),
         (f32, 4),
-        *[(f32, 4), (f64, 8), (f32, 4)],
+        *[(f32, 8), (f64, 8), (f32, 4)],
         *[(f32, 8), (f64, 8), (f32, 4)],
     ]
     with torch.no_grad():

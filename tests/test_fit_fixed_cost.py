@@ -137,7 +137,7 @@ def test_a_metric_is_computed_by_the_checks_once_per_kind_of_outputs_and_still_r
     model = make_model({"acc": CountedAccuracy(num_classes=2, average="micro")})
     CountedAccuracy.computes = 0
     history = model.fit(train, val, epochs=1, verbose=0)
-    # The validation batch's check computes it; the training batch's, on outputs of the same kind,
+    # The training batch's check computes it; the validation batch's, on outputs of the same kind,
     # does not; each epoch read computes it once.
     assert CountedAccuracy.computes == 1 + 2
     assert history["val_acc"].iloc[-1] == pytest.approx(accuracy_by_hand(model.net, val), abs=1e-6)
@@ -156,7 +156,7 @@ def test_a_metric_is_computed_by_the_checks_once_per_kind_of_outputs_and_still_r
     model.fit(train, val, epochs=1, verbose=0)
     before = copy.deepcopy(model.net.state_dict())
     model.metrics_dict = {"acc": CountedAccuracy(num_classes=2, average=None)}
-    with pytest.raises(ValueError, match=r"Metric 'acc' failed on the first batch of val_data.*shape \(2,\)"):
+    with pytest.raises(ValueError, match=r"Metric 'acc' failed on the first batch of train_data.*shape \(2,\)"):
         model.fit(train, val, epochs=1, verbose=0)
     assert all(torch.equal(v, model.net.state_dict()[k]) for k, v in before.items())
 
@@ -302,32 +302,25 @@ def first_pass_run(net_class, workers, dataset="TensorDataset", validation_steps
 
 
 @pytest.mark.parametrize(
-    "dataset, validation_steps",
-    [("TensorDataset", None), ("a dataset of its own", None), ("TensorDataset", 2)],
-    ids=["TensorDataset", "a dataset of its own", "validation_steps=2"],
+    "net_class, dataset, validation_steps",
+    [
+        (WithDropout, "TensorDataset", None),
+        (WithDropout, "a dataset of its own", None),
+        (WithDropout, "TensorDataset", 2),
+        (HalvesInPlace, "TensorDataset", None),
+        (WithDropout, "draws from numpy", None),
+    ],
+    ids=["TensorDataset", "a dataset of its own", "validation_steps=2", "a net that changes its input", "numpy"],
 )
-def test_the_first_validation_goes_on_with_the_checked_batch_and_the_run_is_unchanged(dataset, validation_steps):
-    # The checks before training fetch the first validation batch; the first validation goes on with
-    # that pass instead of fetching the batch again. With a worker process the pass is not kept:
-    # the same run, the batch fetched twice.
-    kept = first_pass_run(WithDropout, 0, dataset, validation_steps)
-    apart = first_pass_run(WithDropout, 1, dataset, validation_steps)
-    pd.testing.assert_frame_equal(kept[0], apart[0], check_exact=True)
-    assert torch.equal(kept[1], apart[1])  # the same random numbers drawn, to the last one
-    assert all(torch.equal(kept[2][k], apart[2][k]) for k in kept[2])
+def test_the_checks_batch_is_fetched_apart_and_the_run_is_unchanged(net_class, dataset, validation_steps):
+    # The checks before training fetch the first validation batch with every random generator put back
+    # afterwards; the first validation fetches it again. With a worker process or without: the same run.
+    alone = first_pass_run(net_class, 0, dataset, validation_steps)
+    apart = first_pass_run(net_class, 1, dataset, validation_steps)
     per_epoch = 96 if validation_steps is None else 2 * 32
-    assert kept[3] == 2 * per_epoch  # each sample read once an epoch: the checked batch is not read again
-
-
-def test_a_batch_the_checks_changed_in_place_is_fetched_again():
-    # The net halves its input in place: the checked batch is not the loader's any more.
-    kept = first_pass_run(HalvesInPlace, workers=0)
-    apart = first_pass_run(HalvesInPlace, workers=1)
-    pd.testing.assert_frame_equal(kept[0], apart[0], check_exact=True)
-    assert kept[3] == 2 * 96 + 32  # the first batch read again for the first validation
-
-
-def test_a_batch_that_drew_from_numpy_is_fetched_again():
-    # A fresh pass would draw the first batch's numbers later, in their place in numpy's stream (a
-    # resumed run draws them there): the kept batch would shift every later draw.
-    assert first_pass_run(WithDropout, 0, "draws from numpy")[3] == 2 * 96 + 32
+    assert alone[3] == 2 * per_epoch + 32  # each sample read once an epoch, and the checked batch once more
+    if dataset == "draws from numpy":  # a worker draws its noise from a generator of its own
+        return
+    pd.testing.assert_frame_equal(alone[0], apart[0], check_exact=True)
+    assert torch.equal(alone[1], apart[1])  # the same random numbers drawn, to the last one
+    assert all(torch.equal(alone[2][k], apart[2][k]) for k in alone[2])

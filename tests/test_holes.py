@@ -110,9 +110,9 @@ def test_the_first_batch_check_leaves_a_samplers_own_generator_alone():
     torch.testing.assert_close(order_of_first_epoch(with_fit=True), order_of_first_epoch(with_fit=False))
 
 
-def test_the_first_batch_checks_ride_on_the_real_first_step():
-    # The net runs once per training batch and once per validation batch, plus one
-    # validation batch checked before training: the training checks cost no pass of their own.
+def test_the_first_batch_checks_cost_one_pass_in_eval_mode_on_one_batch_of_each_data():
+    # The net runs once per training batch and once per validation batch, plus the first training
+    # and the first validation batch, checked in eval mode before training.
     x, y = data()
     model = make_model({"acc": torchmetrics.Accuracy(task="multiclass", num_classes=3)})
     calls = {"train": 0, "eval": 0}
@@ -128,7 +128,7 @@ def test_the_first_batch_checks_ride_on_the_real_first_step():
         DataLoader(TensorDataset(x[:40], y[:40]), batch_size=20),
     )
     history = model.fit(train, val, epochs=2, verbose=0)
-    assert calls == {"train": 2 * len(train), "eval": 2 * len(val) + 1}
+    assert calls == {"train": 2 * len(train), "eval": 2 * len(val) + 2}
     assert history["train_acc"].notna().all()
 
 

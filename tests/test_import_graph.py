@@ -107,7 +107,7 @@ def import_graph() -> dict[str, set[str]]:
                     continue
                 graph[name].add(target)
                 parent = target.rsplit(".", 1)[0]
-                # Importing kerastorch.callbacks.base from outside runs kerastorch/callbacks/__init__.py first.
+                # Importing kerastorch.training.callback from outside runs kerastorch/callbacks/__init__.py first.
                 if parent in known and parent != PACKAGE and not name.startswith(parent + ".") and parent != name:
                     graph[name].add(parent)
     return graph
@@ -142,7 +142,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
 
 def test_the_package_import_graph_has_no_cycle():
     graph = import_graph()
-    assert len(graph) > 30 and graph["kerastorch.training.run"] >= {
+    assert len(graph) > 30 and graph["kerastorch.run"] >= {
         "kerastorch.training.loop",
         "kerastorch.devices.plan",
         "kerastorch.devices.launch",
@@ -151,9 +151,47 @@ def test_the_package_import_graph_has_no_cycle():
     assert not cycle, "import cycle: " + " -> ".join(cycle)
 
 
+# The package's folders, low to high: each imports only folders before it in this list (top-level
+# modules are the doors above them all: arguments, model, run, evaluation, settings ...).
+LAYERS = ("helpers", "files", "data", "strategies", "devices", "training", "callbacks", "tools", "compat")
+
+
+def folder_of(module: str) -> str:
+    """The folder a module lives in ("training" for kerastorch.training.loop), or "" at the top level."""
+    parts = module.split(".")
+    is_package = (PACKAGE_DIR / Path(*parts[1:]) / "__init__.py").exists() if len(parts) > 1 else True
+    inside = parts[1:] if is_package else parts[1:-1]
+    return inside[0] if inside else ""
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from a folder to a folder at its level or above it (every folder must be in LAYERS)."""
+    found = []
+    for importer, targets in graph.items():
+        low = folder_of(importer)
+        for target in targets:
+            high = folder_of(target)
+            if low and high and low != high and LAYERS.index(high) > LAYERS.index(low):
+                found.append(f"{importer} -> {target}")
+    return sorted(found)
+
+
+def test_the_folders_are_layers_each_importing_only_those_below_it():
+    graph = import_graph()
+    folders = {folder_of(name) for name in graph} - {""}
+    assert folders == set(LAYERS), f"a folder is missing from LAYERS, or LAYERS names one gone: {folders ^ set(LAYERS)}"
+    assert upward_imports(graph) == []
+
+
+def test_a_planted_upward_import_is_found():
+    graph = import_graph()
+    graph["kerastorch.data.batches"].add("kerastorch.training.loop")
+    assert upward_imports(graph) == ["kerastorch.data.batches -> kerastorch.training.loop"]
+
+
 def test_the_cycle_finder_finds_a_planted_cycle():
     graph = import_graph()
-    graph["kerastorch.data.batches"].add("kerastorch.training.run")  # run imports loop, which imports batches
+    graph["kerastorch.data.batches"].add("kerastorch.run")  # run imports loop, which imports batches
     assert "kerastorch.data.batches" in find_cycle(graph)
 
 

@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import kerastorch as kt
+from kerastorch.compat.arguments import precision_from_mixed_precision
 from kerastorch.devices.words import PRECISIONS, parse_precision
 
 HAS_CUDA = torch.cuda.device_count() > 0  # counted through NVML: does not initialise CUDA in this process
@@ -94,8 +95,9 @@ def test_every_name_and_alias(given, canonical):
     "mixed_precision, canonical", [("no", "32-true"), ("fp16", "16-mixed"), ("bf16", "bf16-mixed")]
 )
 def test_torchkeras_mixed_precision_words(mixed_precision, canonical):
-    assert parse_precision(mixed_precision=mixed_precision) == canonical
-    assert parse_precision(canonical, mixed_precision=mixed_precision) == canonical
+    assert parse_precision(precision_from_mixed_precision("32-true", mixed_precision)) == canonical
+    assert parse_precision(precision_from_mixed_precision(canonical, mixed_precision)) == canonical
+    assert precision_from_mixed_precision(" BF16 ", None) == " BF16 "  # no mixed_precision: precision as given
 
 
 @pytest.mark.parametrize("bad", ["fp16", "16-bit", 8, 32.0, True, None, [32], "transformer-engine"])
@@ -108,9 +110,11 @@ def test_invalid_precision_lists_the_allowed_values(bad):
 
 def test_invalid_or_conflicting_mixed_precision():
     with pytest.raises(ValueError, match="use 'no', 'fp16' or 'bf16'"):
-        parse_precision(mixed_precision="fp8")
-    with pytest.raises(ValueError, match="disagree"):
-        parse_precision("64-true", mixed_precision="bf16")
+        precision_from_mixed_precision("32-true", "fp8")
+    with pytest.raises(ValueError, match="precision='64-true' and mixed_precision='bf16' disagree"):
+        precision_from_mixed_precision("64-true", "bf16")
+    with pytest.raises(ValueError, match="precision='fp16' is not supported"):
+        precision_from_mixed_precision("fp16", "bf16")
 
 
 # -- real fits on the CPU ----------------------------------------------------------------------

@@ -16,9 +16,9 @@ from torch import nn
 
 import kerastorch as kt
 from kerastorch.callbacks import ProgressBar
-from kerastorch.callbacks.callback_list import CallbackList
 from kerastorch.examples import digits_loaders
-from kerastorch.tools.notebook import output_style
+from kerastorch.helpers.notebook import output_style
+from kerastorch.training.callback_list import CallbackList
 from kerastorch.training.meters import EpochMeters
 
 
@@ -142,14 +142,20 @@ def test_only_a_drawn_bar_is_called_at_every_step(loaders, monkeypatch):
     # The epoch's line alone (logs, pipes, verbose=2) needs no call per step: the loop makes none.
     # One bar object used for a terminal run, then for a run whose output is a log, follows each.
     batch_ends = []
-    real_call = CallbackList.call
+    real_listeners = CallbackList.listeners
 
-    def counting_call(self, hook, *args):
-        if hook == "on_train_batch_end":
-            batch_ends.append(args[0])
-        return real_call(self, hook, *args)
+    def counted(hook):
+        def call(batch, logs=None):
+            batch_ends.append(batch)
+            return hook(batch, logs)
 
-    monkeypatch.setattr(CallbackList, "call", counting_call)
+        return call
+
+    def counting_listeners(self, hook):
+        found = real_listeners(self, hook)
+        return [counted(fn) for fn in found] if hook == "on_train_batch_end" else found
+
+    monkeypatch.setattr(CallbackList, "listeners", counting_listeners)
     terminal = io.StringIO()
     bar = ProgressBar(mininterval=0, style="terminal", file=terminal)
     small_model().fit(*loaders, epochs=1, patience=None, verbose=0, callbacks=[bar])

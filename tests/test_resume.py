@@ -17,8 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import kerastorch as kt
-from kerastorch.callbacks.training_state import training_state_path
-from kerastorch.files.state import load_state_file
+from kerastorch.files.state import load_state_file, training_state_path
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO_ROOT, "tests", "resume_training_script.py")
@@ -358,7 +357,7 @@ def test_a_callback_state_that_cannot_be_stored_safely_is_refused_before_trainin
 def test_a_samplers_epoch_counter_is_part_of_the_saved_data_order():
     from torch.utils.data import DistributedSampler
 
-    from kerastorch.training.rng import capture_rng_state, restore_rng_state
+    from kerastorch.helpers.rng import capture_rng_state, restore_rng_state
 
     dataset = TensorDataset(torch.arange(40.0))
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import kerastorch as kt
+from kerastorch.compat.arguments import accelerator_from_cpu
 from kerastorch.devices.cuda import _probe_in_child_process, cuda_visible_devices, visible_device_entries
 from kerastorch.devices.plan import choose_devices, cpu_count, parse_accelerator
 from kerastorch.devices.runtime import reset_accelerate_state
@@ -131,9 +132,13 @@ def test_unknown_accelerator_lists_the_valid_ones():
     with pytest.raises(ValueError, match="accelerator=3"):
         parse_accelerator(3)
     assert parse_accelerator(" CPU ") == "cpu"
-    assert parse_accelerator("auto", cpu=True) == "cpu"
-    with pytest.raises(ValueError, match="disagree"):
-        parse_accelerator("cuda", cpu=True)
+    # torchkeras's cpu=True is translated at the door, before the accelerator is parsed
+    assert parse_accelerator(accelerator_from_cpu("auto", cpu=True)) == "cpu"
+    assert accelerator_from_cpu(" CPU ", cpu=True) == "cpu" and accelerator_from_cpu("cuda", cpu=False) == "cuda"
+    with pytest.raises(ValueError, match="cpu=True and accelerator='cuda' disagree"):
+        accelerator_from_cpu("cuda", cpu=True)
+    with pytest.raises(ValueError, match="'auto', 'cpu', 'gpu', 'cuda', 'mps'"):
+        accelerator_from_cpu("tpu", cpu=True)
 
 
 @without_cuda

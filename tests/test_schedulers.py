@@ -3,6 +3,8 @@ LearningRateScheduler, gradient accumulation and gradient clipping."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -255,6 +257,135 @@ def test_per_step_scheduler_counts_real_updates_under_accumulation():
     )
     model.fit(train, val, epochs=epochs, patience=None, verbose=0, gradient_accumulation_steps=2)
     assert scheduler.last_epoch == 12
+
+
+# -- a per-step scheduler sized for another number of steps than fit makes ----------------------
+
+
+def step_scheduled_model(make_scheduler):
+    net = make_net()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    return kt.KerasModel(
+        net,
+        nn.CrossEntropyLoss(),
+        optimizer=optimizer,
+        lr_scheduler=make_scheduler(optimizer),
+        lr_scheduler_interval="step",
+    )
+
+
+class RecordUpdateLR(kt.Callback):
+    """The lr each optimizer step uses."""
+
+    def __init__(self):
+        self.lrs = []
+
+    def on_before_optimizer_step(self, optimizer):
+        self.lrs.append(optimizer.param_groups[0]["lr"])
+
+
+def one_cycle(total_steps):
+    return lambda optimizer: torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.5, total_steps=total_steps)
+
+
+def warning_before_training(model, train, val, **fit_kwargs):
+    """fit's warning on the scheduler's steps, turned into an error so that fit stops where it warns:
+    the weights show that it came before training."""
+    before = flat(model.net)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="lr_scheduler=")
+        with pytest.raises(UserWarning) as warned:
+            model.fit(train, val, epochs=3, patience=None, verbose=0, **fit_kwargs)
+    assert torch.equal(flat(model.net), before)
+    return str(warned.value)
+
+
+def test_one_cycle_sized_in_batches_under_accumulation_warns_with_the_right_total():
+    # The docs' OneCycleLR(total_steps=epochs * len(dl_train)) with gradient_accumulation_steps: the
+    # scheduler steps once per update, so the cycle would stop partway and never anneal.
+    train, val = classification_loaders()  # 7 batches: 4 updates an epoch under accumulation of 2
+    model = step_scheduled_model(one_cycle(3 * len(train)))
+    message = warning_before_training(model, train, val, gradient_accumulation_steps=2)
+    assert message.startswith(
+        "lr_scheduler=OneCycleLR(total_steps=21) has 21 optimizer steps left, and this fit makes 12: 3 epochs x 4 "
+        "optimizer steps (7 batches / gradient_accumulation_steps=2, rounded up). So the cycle stops 57% of the way "
+        "through and the rate never anneals. Build it with total_steps=12."
+    )
+    rates = RecordUpdateLR()
+    with pytest.warns(UserWarning, match="total_steps=12"):  # trained anyway: the warning was right
+        model.fit(train, val, epochs=3, patience=None, verbose=0, gradient_accumulation_steps=2, callbacks=[rates])
+    assert len(rates.lrs) == 12 and rates.lrs[-1] > 0.1  # the last update, still at a high rate
+
+    model = step_scheduled_model(one_cycle(12))  # the number it said: no warning, and the cycle anneals
+    rates = RecordUpdateLR()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.fit(train, val, epochs=3, patience=None, verbose=0, gradient_accumulation_steps=2, callbacks=[rates])
+    assert len(rates.lrs) == 12 and rates.lrs[-1] == pytest.approx(0.5 / 25 / 1e4)  # the cycle's end
+
+
+def test_one_cycle_shorter_than_the_run_warns_that_torch_will_raise_and_when():
+    train, val = classification_loaders()  # 7 batches, 21 updates in 3 epochs
+    model = step_scheduled_model(one_cycle(10))
+    message = warning_before_training(model, train, val)
+    assert (
+        "has 10 optimizer steps left, and this fit makes 21: 3 epochs x 7 optimizer steps (7 batches). So torch "
+        "raises at the optimizer step 11, in epoch 2, which ends training there. Build it with total_steps=21."
+    ) in message
+    epochs = []
+    record = kt.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: epochs.append(epoch))
+    with pytest.warns(UserWarning, match="total_steps=21"), pytest.raises(ValueError, match="Tried to step 11 times"):
+        model.fit(train, val, epochs=3, patience=None, verbose=0, callbacks=[record])
+    assert epochs == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "fit_kwargs, counted, right",
+    [
+        ({"steps_per_epoch": 5}, "3 epochs x 5 optimizer steps (steps_per_epoch=5 batches)", 15),
+        ({"initial_epoch": 1}, "2 epochs (epochs=3 - initial_epoch=1) x 7 optimizer steps (7 batches)", 14),
+        (
+            {"accelerator": "cpu", "devices": 2},
+            "3 epochs x 4 optimizer steps in each process (7 batches shared by 2 processes)",
+            12,
+        ),
+    ],
+    ids=["steps_per_epoch", "initial_epoch", "two-processes"],
+)
+def test_one_cycle_check_counts_steps_per_epoch_initial_epoch_and_processes(fit_kwargs, counted, right):
+    train, val = classification_loaders()
+    model = step_scheduled_model(one_cycle(3 * len(train)))
+    message = warning_before_training(model, train, val, **fit_kwargs)
+    assert f"this fit makes {right}: {counted}." in message and f"Build it with total_steps={right}." in message
+
+
+def test_one_cycle_split_over_two_fits_warns_once_then_goes_on():
+    train, val = classification_loaders()
+    model = step_scheduled_model(one_cycle(2 * 21))
+    with pytest.warns(UserWarning, match="stops 50% of the way through.*a later fit goes on with this schedule"):
+        model.fit(train, val, epochs=3, patience=None, verbose=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 21 steps left, 21 to make
+        model.fit(train, val, epochs=3, patience=None, verbose=0)
+    assert model.lr_scheduler.last_epoch == 42
+    model.lr_scheduler = torch.optim.lr_scheduler.OneCycleLR(model.optimizer, max_lr=0.5, total_steps=30)
+    model.lr_scheduler.last_epoch = 20  # as after a state of another run was loaded: 10 steps left
+    message = warning_before_training(model, train, val)
+    assert "has 10 optimizer steps left of its 30 (20 taken already), and this fit makes 21" in message
+    assert "Build a new one with total_steps=21 for this run, or total_steps=41 to go on from its 20." in message
+
+
+def test_cosine_longer_than_the_run_warns_and_a_shorter_one_does_not():
+    train, val = classification_loaders()
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR
+    model = step_scheduled_model(lambda optimizer: cosine(optimizer, T_max=3 * 28))  # sized for 28 batches
+    message = warning_before_training(model, train, val)
+    assert "CosineAnnealingLR(T_max=84) has 84 optimizer steps left, and this fit makes 21" in message
+    assert "the rate stops 25% of the way down its cosine, above its eta_min. Build it with T_max=21." in message
+    model = step_scheduled_model(lambda optimizer: cosine(optimizer, T_max=5))  # down and up again: may be meant
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.fit(train, val, epochs=3, patience=None, verbose=0)
 
 
 def test_epoch_scheduler_and_the_lr_column():

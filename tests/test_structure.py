@@ -1,11 +1,10 @@
-"""The package's shape, held by tests: a dozen modules or fewer at the top, one door for the
-keywords (each method's signature is its door's), strategies as objects that nothing else asks
-about, and torchkeras in one room. Also the two ``fit_one_cycle`` bugs the restructuring fixed."""
+"""The package's shape, held by tests: a dozen modules or fewer at the top, strategies as objects
+that nothing else asks about, and torchkeras in one room (the door for the keywords is held by
+tests/test_arguments.py). Also the two ``fit_one_cycle`` bugs the restructuring fixed."""
 
 from __future__ import annotations
 
 import ast
-import inspect
 import io
 import json
 import math
@@ -21,6 +20,7 @@ import torch
 from torch import nn
 
 import kerastorch as kt
+from helpers import called
 from kerastorch import arguments
 
 PACKAGE_DIR = Path(kt.__file__).resolve().parent
@@ -49,24 +49,21 @@ def test_the_top_level_holds_a_dozen_modules_or_fewer_and_each_folder_says_what_
         assert docstring and len(docstring) > 80, f"{init.parent.name}/__init__.py says nothing of what lives there"
 
 
-@pytest.mark.parametrize(
-    "method, door",
-    [
-        (kt.KerasModel.fit, arguments.fit_arguments),
-        (kt.KerasModel.lr_find, arguments.finder_arguments),
-        (kt.KerasModel.doctor, arguments.doctor_arguments),
-        (kt.KerasModel.evaluate, arguments.evaluate_arguments),
-        (kt.KerasModel.predict, arguments.predict_arguments),
-    ],
-    ids=["fit", "lr_find", "doctor", "evaluate", "predict"],
-)
-def test_each_method_takes_exactly_its_doors_keywords(method, door):
-    def described(function, first):
-        parameters = list(inspect.signature(function).parameters.values())
-        assert parameters[0].name == first
-        return [(p.name, p.kind, p.default) for p in parameters[1:]]
+def test_fit_s_callbacks_are_built_in_callbacks_without_the_run():
+    """callbacks/ sits below the run: it builds fit's own callbacks from the settings, and the run imports them."""
+    from kerastorch import run
+    from kerastorch.callbacks.for_fit import callbacks_for_fit
 
-    assert described(method, "self") == described(door, "model")
+    assert run.callbacks_for_fit is callbacks_for_fit
+    imports = {
+        inside: [
+            ast.unparse(node) for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)
+        ]
+        for inside, path in package_modules().items()
+        if inside.startswith("callbacks/")
+    }
+    assert not {inside: found for inside, found in imports.items() if any("training.run" in line for line in found)}
+    assert any("..settings" in line for line in imports["callbacks/for_fit.py"])
 
 
 # -- strategies as objects -------------------------------------------------------------------------
@@ -147,7 +144,9 @@ def test_fsdp_wrap_is_the_older_spelling_of_the_fsdp_object(tiny_data):
     X, y = tiny_data
     model = kt.KerasModel(nn.Sequential(nn.Linear(4, 3)), nn.CrossEntropyLoss())
     with pytest.warns(DeprecationWarning, match=r"strategy=kt.strategies.FSDP\(wrap=\[\.\.\.\]\)"):
-        data, settings = arguments.fit_arguments(model, X, y, strategy="fsdp", fsdp_wrap=[nn.Linear])
+        data, settings = arguments.fit_arguments(
+            model, called(kt.KerasModel.fit, model, X, y, strategy="fsdp", fsdp_wrap=[nn.Linear])
+        )
     assert settings.devices.strategy == kt.strategies.FSDP(wrap=[nn.Linear])
 
 

@@ -107,6 +107,99 @@ def test_fit_one_cycle_without_max_lr_asks_the_finder(capsys):
     assert "max_lr=" in capsys.readouterr().out and len(history) >= 1
 
 
+def hyperparameters(optimizer):
+    """Every parameter group's settings but its parameters: lr, momentum or betas, any key a scheduler adds."""
+    return [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+
+
+def test_fit_after_fit_one_cycle_trains_at_the_optimizers_own_rate():
+    # OneCycleLR ends at a tiny fraction of max_lr; left there, the next fit trained at about 7e-05 and
+    # its loss hardly moved (0.687, 0.683, 0.680 here).
+    train, val = loaders()
+    model = make_model(lr=0.01)
+    before = hyperparameters(model.optimizer)
+    model.fit_one_cycle(train, val, epochs=1, max_lr=0.002, verbose=0, patience=None)
+    assert hyperparameters(model.optimizer) == before  # lr, betas, and no initial_lr / max_lr keys left
+    history = model.fit(train, val, epochs=3, verbose=0, patience=None)
+    assert list(history["lr"]) == [0.01] * 3
+    assert history["train_loss"].iloc[-1] < 0.6 * history["train_loss"].iloc[0]
+
+
+class StopsAt(kt.Callback):
+    """Ends the run at the third batch of its second epoch: an early stop, a Ctrl-C or an error."""
+
+    def __init__(self, how):
+        self.how, self.batches = how, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+        if self.batches == 12 + 3:
+            if self.how == "stop":
+                self.model.stop_training = True
+            elif self.how == "ctrl-c":
+                raise KeyboardInterrupt
+            else:
+                raise RuntimeError("a callback failed")
+
+
+@pytest.mark.parametrize("how", ["stop", "ctrl-c", "error"])
+def test_fit_one_cycle_puts_every_groups_rate_and_momentum_back_however_it_ends(how):
+    train, val = loaders()
+    model = make_model()
+    net = model.net
+    model.optimizer = torch.optim.SGD(  # two groups of their own rates; the cycle moves momentum too
+        [{"params": net[0].parameters(), "lr": 0.03}, {"params": net[2].parameters()}], lr=0.01, momentum=0.9
+    )
+    model.lr_scheduler_interval = "step"  # the model's own setting comes back too
+    before = hyperparameters(model.optimizer)
+    stopper = StopsAt(how)
+    if how == "error":
+        with pytest.raises(RuntimeError, match="a callback failed"):
+            model.fit_one_cycle(train, val, epochs=3, max_lr=0.1, verbose=0, patience=None, callbacks=[stopper])
+    else:
+        history = model.fit_one_cycle(train, val, epochs=3, max_lr=0.1, verbose=0, patience=None, callbacks=[stopper])
+        assert len(history) == (2 if how == "stop" else 1)
+    assert stopper.batches == 15
+    assert hyperparameters(model.optimizer) == before
+    assert model.lr_scheduler is None and model.lr_scheduler_interval == "step"
+
+
+@pytest.mark.slow
+def test_fit_one_cycle_over_two_processes_puts_the_rates_back():
+    # The workers send back the optimizer's state, whose groups carry the cycle's last rate and keys.
+    train, val = loaders()
+    model = make_model()
+    before = hyperparameters(model.optimizer)
+    history = model.fit_one_cycle(
+        train, val, epochs=2, max_lr=0.05, accelerator="cpu", devices=2, verbose=0, patience=None
+    )
+    assert len(history) == 2 and history["lr"].iloc[1] != history["lr"].iloc[0]
+    assert hyperparameters(model.optimizer) == before
+
+
+def test_lr_find_puts_every_groups_rate_and_momentum_back_also_after_an_error():
+    train, _ = loaders()
+    model = make_model()
+    net = model.net
+    model.optimizer = torch.optim.SGD(
+        [{"params": net[0].parameters(), "lr": 0.03}, {"params": net[2].parameters()}], lr=0.01, momentum=0.9
+    )
+    before = hyperparameters(model.optimizer)
+    model.lr_find(train, num_steps=20)
+    assert hyperparameters(model.optimizer) == before
+    calls = []
+
+    def fails_on_the_tenth_batch(module, inputs):
+        calls.append(1)
+        if len(calls) == 10:
+            raise RuntimeError("the net failed")
+
+    net.register_forward_pre_hook(fails_on_the_tenth_batch)
+    with pytest.raises(RuntimeError, match="the net failed"):
+        model.lr_find(train, num_steps=20)
+    assert hyperparameters(model.optimizer) == before
+
+
 def test_ema_with_decay_zero_is_plain_training_exactly():
     plain = make_model()
     plain_history = plain.fit(*loaders(), epochs=3, verbose=0, patience=None)

@@ -4,14 +4,19 @@
 (``kerastorch[tensorboard]``, ``[wandb]``, ``[mlflow]``, ``[optuna]``), imported only when one
 of them is created. Inside a Ray Train worker ``fit`` adds its own ``RayTrainReport``
 (``ray_report.py``, ``kerastorch[ray]``), which reports every epoch to Ray.
+
+The training state that ``BackupAndRestore`` and ``fit(resume=True)`` write is
+``training_state.py``'s; what it holds besides the run's position (every optimizer, scheduler
+and grad scaler the model holds, the callbacks' states) is ``state_contents.py``'s, and what a
+saved state must match to resume is ``resume_checks.py``'s.
 """
 
 import importlib as _importlib
 
+from ..training.callback import Callback
+from ..training.callback_list import CallbackList  # noqa: F401 (importable: the run's list, not a callback)
 from .backup_and_restore import BackupAndRestore
-from .base import Callback
 from .best_weights import RestoreBestWeights
-from .callback_list import CallbackList  # noqa: F401 (importable: the run's list, not a callback)
 from .csv_logger import CSVLogger
 from .early_stopping import EarlyStopping
 from .ema import EMA

@@ -18,7 +18,7 @@ import torch
 from torch.optim.swa_utils import AveragedModel
 
 from ..strategies import strategy_of, unwrap
-from .base import ORDER_AVERAGED_WEIGHTS, Callback
+from ..training.callback import ORDER_AVERAGED_WEIGHTS, Callback
 
 
 class AveragedWeights(Callback):

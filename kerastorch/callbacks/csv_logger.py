@@ -8,7 +8,7 @@ from typing import IO, Optional, Union
 
 from ..files.atomic import atomic_write
 from ..files.writable import check_folder_writable, check_not_a_folder
-from .base import Callback
+from ..training.callback import Callback
 
 
 class CSVLogger(Callback):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
-from ..checks.values import check_real_number, check_verbose, check_whole_number
+from ..helpers.values import check_real_number, check_verbose, check_whole_number
+from ..settings import MonitorSettings, OutputSettings
 from ..strategies import strategy_of
-from .base import ORDER_EARLY_STOPPING
+from ..training.callback import ORDER_EARLY_STOPPING
 from .monitor import MonitorCallback, improves
 from .terminate_on_nan import losses_are_finite
 
@@ -92,9 +93,11 @@ class EarlyStopping(MonitorCallback):
         self.set_by_fit = False  # fit's own, from its patience=: its message says how to turn it off
 
     @classmethod
-    def for_fit(cls, monitor: str, mode: str, patience: int, min_delta: float, verbose: int) -> EarlyStopping:
-        """The early stopping ``fit(patience=...)`` adds, whose message names ``patience`` and ``patience=None``."""
-        stopper = cls(monitor, min_delta, patience, verbose, mode)
+    def for_fit(cls, watch: MonitorSettings, output: OutputSettings) -> EarlyStopping:
+        """The early stopping ``fit(patience=...)`` adds, whose message names ``patience`` and ``patience=None``
+        (said unless fit is silent)."""
+        assert watch.monitor is not None and watch.patience is not None  # fit adds one only then
+        stopper = cls(watch.monitor, watch.min_delta, watch.patience, int(output.verbose > 0), watch.mode)
         stopper.set_by_fit = True
         return stopper
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from .base import HOOKS, Callback
+from ..training.callback import HOOKS, Callback
 
 
 class LambdaCallback(Callback):

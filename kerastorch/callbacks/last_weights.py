@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Optional, Union
 
-from .base import ORDER_BEST_WEIGHTS, Callback
+from ..training.callback import ORDER_BEST_WEIGHTS, Callback
 from .kept_weights import KeptWeights
 from .terminate_on_nan import losses_are_finite
 

@@ -8,9 +8,10 @@ from typing import Optional, Sequence
 
 import pandas as pd
 
-from ..tools.notebook import in_notebook
-from ..tools.plots import bare_name, history_quantities, plot_history
-from .base import ORDER_DISPLAY, Callback
+from ..helpers.notebook import in_notebook
+from ..helpers.plots import bare_name, history_quantities, plot_history
+from ..settings import MonitorSettings, OutputSettings
+from ..training.callback import ORDER_DISPLAY, Callback
 
 
 class LivePlot(Callback):
@@ -45,6 +46,11 @@ class LivePlot(Callback):
         self._rows: list[dict] = []
         self._display = None  # the notebook's display handle, once the figure is shown
         self._announced = False
+
+    @classmethod
+    def for_fit(cls, output: OutputSettings, watch: MonitorSettings) -> LivePlot:
+        """The plot ``fit(plot=True)`` adds: the monitored value's curves, its best epoch marked."""
+        return cls(monitor=watch.monitor, mode=watch.mode)
 
     def on_train_begin(self, logs=None):
         self._rows = []

@@ -6,7 +6,7 @@ import inspect
 import math
 from typing import Callable
 
-from .base import Callback
+from ..training.callback import Callback
 
 
 class LearningRateScheduler(Callback):

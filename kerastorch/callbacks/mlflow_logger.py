@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 
 from ..files.weights import save_weights
 from ..strategies import strategy_of, unwrap
-from .base import ORDER_TRAINING_STATE, Callback
+from ..training.callback import ORDER_TRAINING_STATE, Callback
 
 
 def import_mlflow() -> Any:

@@ -7,11 +7,11 @@ import os
 import string
 from typing import Any, Optional, Union
 
-from ..checks.values import check_real_number, check_verbose, check_whole_number
 from ..files.atomic import remove_stale_temporary_files
 from ..files.background import BackgroundWriter
 from ..files.weights import save_weights
 from ..files.writable import check_folder_writable, check_not_a_folder
+from ..helpers.values import check_real_number, check_verbose, check_whole_number
 from ..settings import describe_validated, is_validated
 from ..strategies import strategy_of, whole_weights_on_main
 from .monitor import MonitorCallback

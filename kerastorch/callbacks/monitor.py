@@ -1,14 +1,18 @@
-"""Shared base for callbacks that watch one logged value ("monitor a value")."""
+"""Shared base for callbacks that watch one logged value ("monitor a value"), and what fit's own
+``monitor=`` and ``mode=`` mean for a run (:func:`monitor_for_run`)."""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import math
-from typing import Optional
+import warnings
+from typing import Optional, Sequence
 
-from ..checks.values import check_real_number
-from .base import Callback
-
-MODES = ("min", "max")
+from ..helpers.values import check_mode, check_real_number
+from ..settings import AUTO, MonitorSettings
+from ..training.callback import Callback
+from ..training.history import history_columns
 
 
 def improves(current: float, best: Optional[float], mode: str, min_delta: float = 0.0) -> bool:
@@ -24,15 +28,6 @@ def improves(current: float, best: Optional[float], mode: str, min_delta: float 
     if mode == "min":
         return current < best - min_delta
     return current > best + min_delta
-
-
-def check_mode(mode: str) -> str:
-    if mode not in (*MODES, "auto"):
-        raise ValueError(
-            f"mode={mode!r} is not supported; use 'min' (lower is better, e.g. a loss), 'max' (e.g. accuracy), or "
-            "'auto' (from the monitored name)."
-        )
-    return mode
 
 
 # Monitored names that contain one of these are better when higher (Keras's list, and a few more).
@@ -65,6 +60,75 @@ def auto_mode_and_source(monitor: str, metrics_dict: Optional[dict] = None) -> t
     return ("max" if any(word in bare.lower() for word in HIGHER_IS_BETTER_WORDS) else "min"), "from its name"
 
 
+def monitor_for_run(
+    watch: MonitorSettings, *, has_val: bool, metrics: dict, added_logs: Sequence[str], names_known: bool
+) -> MonitorSettings:
+    """fit's ``monitor`` and ``mode`` for this run: ``"auto"`` decided (``val_loss``, or ``train_loss``
+    without validation data; the direction from the metric or the name), and a monitored name checked
+    against the values the run will produce, before the first batch (``metrics``: the run's metrics by
+    name; ``added_logs``: the values callbacks say they add). ``names_known=False``: a step of the
+    user's names its values on its first batch, where the name is checked."""
+    if watch.monitor is None:
+        return watch
+    monitor_was_auto = watch.monitor == AUTO
+    monitor = ("val_loss" if has_val else "train_loss") if monitor_was_auto else watch.monitor
+    if names_known:
+        check_monitor(monitor, list(metrics), has_val, added_logs)
+    mode, mode_source = watch.mode, ""
+    if mode == "auto":
+        mode, mode_source = auto_mode_and_source(monitor, metrics)
+    else:
+        check_mode_against_metric(monitor, mode, metrics)
+    return dataclasses.replace(
+        watch,
+        monitor=monitor,
+        mode=mode,
+        mode_was_auto=watch.mode == "auto",
+        monitor_was_auto=monitor_was_auto,
+        mode_source=mode_source,
+    )
+
+
+# The way out when the value is one a callback of the user's writes into the logs (Keras's pattern).
+WRITTEN_BY_A_CALLBACK = " If a callback of yours writes it into the logs, say so on its class: adds_logs = ('name',)."
+
+
+def check_monitor(monitor: str, metric_names: list[str], has_val: bool, added_logs: Sequence[str] = ()) -> None:
+    """``monitor`` names a value the run will produce, known before the first batch: a column of the
+    history, or a value a callback says it adds to the logs (``adds_logs``)."""
+    names = [*history_columns(metric_names, has_val), *added_logs]
+    if monitor in names:
+        return
+    if monitor.startswith("val_") and not has_val and monitor in history_columns(metric_names, True):
+        raise ValueError(
+            f"monitor={monitor!r} needs validation data, but val_data is None. Pass val_data=..., "
+            f"or monitor one of: {', '.join(names)}."
+        )
+    close = difflib.get_close_matches(str(monitor), names, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ValueError(
+        f"monitor={monitor!r} is not a value this run produces; available: {', '.join(names)}.{hint}"
+        f"{WRITTEN_BY_A_CALLBACK}"
+    )
+
+
+def check_mode_against_metric(monitor: str, mode: str, metrics: dict) -> None:
+    """Warn when ``mode`` contradicts the monitored metric's own ``higher_is_better`` (torchmetrics): the
+    best weights would be the worst epoch's. Keras accepts any mode, so this is a warning, not a refusal."""
+    bare = monitor.split("_", 1)[1] if monitor.startswith(("train_", "val_")) else monitor
+    metric = metrics.get(bare)
+    higher = getattr(metric, "higher_is_better", None)
+    if isinstance(higher, bool) and mode != ("max" if higher else "min"):
+        warnings.warn(
+            f"mode={mode!r} for {monitor}, but its metric {type(metric).__name__} says higher_is_better={higher}: "
+            f"the best weights would be those of the {'lowest' if mode == 'min' else 'highest'} {monitor}, and "
+            f"early stopping would wait for it to {'fall' if mode == 'min' else 'rise'}. Pass "
+            f"mode={'max' if higher else 'min'!r}, or mode='auto', which follows the metric.",
+            UserWarning,
+            stacklevel=5,  # the caller of KerasModel.fit
+        )
+
+
 class MonitorCallback(Callback):
     """Keeps the best value of ``monitor`` seen so far. A NaN is never the best.
 
@@ -95,8 +159,7 @@ class MonitorCallback(Callback):
         if names is not None and self.monitor not in names:
             raise ValueError(
                 f"{type(self).__name__} monitors {self.monitor!r}, which this run does not log; "
-                f"available: {', '.join(names)}. If a callback of yours writes it into the logs, say so on its "
-                "class: adds_logs = ('name',)."
+                f"available: {', '.join(names)}.{WRITTEN_BY_A_CALLBACK}"
             )
 
     def watches(self, logs: dict) -> bool:

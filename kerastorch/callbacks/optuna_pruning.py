@@ -6,7 +6,7 @@ import math
 import os
 from typing import Any, Optional
 
-from .base import ORDER_PRUNING, Callback
+from ..training.callback import ORDER_PRUNING, Callback
 
 
 def import_optuna() -> Any:

@@ -27,8 +27,9 @@ from typing import Any, Optional, TextIO
 
 from tqdm.std import tqdm as text_tqdm
 
-from ..tools.notebook import output_style
-from .base import ORDER_PROGRESS, Callback
+from ..helpers.notebook import output_style
+from ..settings import OutputSettings
+from ..training.callback import ORDER_PROGRESS, Callback
 from .monitor import improves
 from .notebook_progress import NotebookProgress
 
@@ -97,6 +98,11 @@ class ProgressBar(Callback):
         self._unshown_steps = 0
         self._last_draw = 0.0
         self._epoch_start = 0.0
+
+    @classmethod
+    def for_fit(cls, output: OutputSettings) -> ProgressBar:
+        """The bar ``fit(verbose=...)`` adds, as fit's display settings ask for it."""
+        return cls(verbose=output.verbose)
 
     # -- choosing the form ----------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from typing import Optional, Sequence
 
 from ..files.atomic import atomic_path
 from ..files.weights import save_weights
-from .base import ORDER_RAY_REPORT, Callback
+from ..training.callback import ORDER_RAY_REPORT, Callback
 
 BEST_WEIGHTS_NAME = "best.safetensors"  # the best weights' name in a checkpoint when fit has no ckpt_path
 

@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from ..checks.values import check_real_number, check_verbose, check_whole_number
+from ..helpers.values import check_real_number, check_verbose, check_whole_number
 from .monitor import MonitorCallback
 
 

@@ -8,7 +8,7 @@ from typing import Any, Literal, Optional, Union
 import torch
 from torch.optim.swa_utils import SWALR, AveragedModel, update_bn
 
-from ..training.modes import train_mode
+from ..helpers.modes import train_mode
 from .averaged_weights import AveragedWeights
 
 

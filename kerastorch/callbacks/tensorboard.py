@@ -7,7 +7,7 @@ import os
 from typing import Any, Optional, Union
 
 from ..strategies import unwrap
-from .base import Callback
+from ..training.callback import Callback
 
 STAGES = ("train", "val")
 

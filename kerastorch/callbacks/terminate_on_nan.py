@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .base import ORDER_WATCH_NAN, Callback
+from ..training.callback import ORDER_WATCH_NAN, Callback
 
 
 def losses_are_finite(logs: dict) -> bool:

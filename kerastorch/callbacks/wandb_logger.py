@@ -6,8 +6,9 @@ import os
 from typing import Any, Optional
 
 from ..files.weights import save_weights
+from ..settings import OutputSettings
 from ..strategies import strategy_of
-from .base import ORDER_DISPLAY, Callback
+from ..training.callback import ORDER_DISPLAY, Callback
 from .monitor import improves
 
 
@@ -65,6 +66,11 @@ class WandbLogger(Callback):
         self.run: Any = None
         self.owns_run = False
         self.best: Optional[float] = None
+
+    @classmethod
+    def for_fit(cls, output: OutputSettings) -> WandbLogger:
+        """The logger ``fit(wandb=True)`` adds; ``fit(wandb={...})`` passes its arguments."""
+        return cls(**(output.wandb if isinstance(output.wandb, dict) else {}))
 
     def on_train_begin(self, logs=None):
         self.best = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..callbacks.base import HOOKS, Callback
+from ..training.callback import HOOKS, Callback
 
 # The hooks torchkeras's KerasModel calls, each with the model as its only argument.
 TORCHKERAS_HOOKS = ("on_fit_start", "on_train_epoch_end", "on_validation_epoch_end", "on_fit_end")

@@ -21,11 +21,11 @@ import os
 import shutil
 from typing import Any, Callable, Optional
 
-from ..callbacks.base import Callback
 from ..callbacks.live_plot import LivePlot
 from ..callbacks.model_checkpoint import ModelCheckpoint
 from ..callbacks.tensorboard import TensorBoard
 from ..callbacks.wandb_logger import WandbLogger
+from ..training.callback import Callback
 
 
 class TensorBoardCallback(TensorBoard):

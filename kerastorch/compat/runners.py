@@ -35,12 +35,12 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from ..callbacks.base import hooks_of
-from ..callbacks.callback_list import CallbackList
-from ..data.batches import batch_size_of
+from ..data.batches import inputs_count
 from ..data.peek import dry_run_first_batch
 from ..devices.runtime import Runtime
-from ..training.modes import eval_mode
+from ..helpers.modes import eval_mode
+from ..training.callback import hooks_of, logs_added_by
+from ..training.callback_list import CallbackList
 from .accelerator import RunnerAccelerator
 
 STEP_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_after_optimizer_step")
@@ -48,10 +48,37 @@ STEP_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_st
 
 @dataclasses.dataclass(frozen=True)
 class ProgramRunners:
-    """The runner classes a torchkeras program set on ``KerasModel`` (or on one model)."""
+    """The runner classes a torchkeras program set on ``KerasModel`` (or on one model): the one seam
+    between fit's run and torchkeras's way to change the step. The run asks it to check fit's settings
+    (:meth:`check_fit`), for the history's columns (:meth:`columns`) and for the epochs it runs
+    (:meth:`epochs`)."""
 
     step_class: type
     epoch_class: Optional[type] = None
+
+    def check_fit(self, model: Any, settings: Any, sample_weight: Any = None) -> None:
+        check_runner_fit(model, settings, sample_weight)
+
+    def columns(
+        self, model: Any, train_data: Any, val_data: Optional[Any], runtime: Runtime, settings: Any
+    ) -> Optional[list[str]]:
+        """The history's columns as the StepRunner names them, read on one batch before training, with
+        the monitored name checked against them; None with the program's own EpochRunner, whose names
+        are known only after an epoch (the monitor is checked then)."""
+        if self.epoch_class is not None:
+            return None
+        probed = val_data if val_data is not None else train_data
+        columns = runner_columns(model, self, probed, runtime, has_val=val_data is not None)
+        columns += [name for name in logs_added_by(settings.callbacks) if name not in columns]
+        if settings.monitoring.monitor is not None:
+            check_runner_monitor(settings.monitoring.monitor, columns, model)
+        return columns
+
+    def epochs(
+        self, model: Any, runtime: Runtime, callbacks: CallbackList, columns: Optional[list[str]], settings: Any
+    ) -> RunnerEpochs:
+        unchecked = settings.monitoring.monitor if columns is None else None
+        return RunnerEpochs(model, self, runtime, callbacks, unchecked_monitor=unchecked)
 
 
 def program_runners(model: Any) -> Optional[ProgramRunners]:
@@ -309,7 +336,7 @@ class RunnerEpochs:
                 callbacks.call(f"on_{hooks}_batch_begin", batch_index, {})
             batch = self.runtime.to_device(batch)
             step_losses, step_metrics = _two_dicts(runner(batch))
-            values.add(step_losses, step_metrics, batch_size_of(batch, None))
+            values.add(step_losses, step_metrics, inputs_count(batch))
             if on_end:
                 callbacks.call(f"on_{hooks}_batch_end", batch_index, values.running())
             if stage == "train" and self.model.stop_training:  # set by a batch hook: stop after this batch

@@ -10,6 +10,8 @@ import torch
 from accelerate.utils import concatenate, recursively_apply
 
 LABEL_KEYS = ("labels", "label", "y")
+# Hugging Face's question-answering models are trained by two label keys: the answer's first and last token.
+ANSWER_SPAN_KEYS = ("start_positions", "end_positions")
 SAMPLE_WEIGHT_KEY = "sample_weight"  # per-sample weights in a dict batch
 
 EXPECTED_BATCHES = (
@@ -90,9 +92,38 @@ def split_batch(batch: Any, labels_at: Optional[Union[int, str]] = None) -> tupl
         position = len(batch) - 1 if labels_at is None else _position(batch, labels_at)
         return tuple(batch[:position]) + tuple(batch[position + 1 :]), {}, batch[position]
     raise BatchError(
-        f"Got {_describe(batch)} as a batch, which has no labels. kerastorch expects {EXPECTED_BATCHES}. "
-        "Make your Dataset return (features, label), or override KerasModel.forward_batch for another layout "
+        f"Got {_describe(batch)} as a batch, which has no labels. kerastorch expects {EXPECTED_BATCHES}."
+        + (labels_at_hint(batch) if isinstance(batch, dict) else "")
+        + " Make your Dataset return (features, label), or override KerasModel.forward_batch for another layout "
         "(or train_step, which needs no labels, for a GAN or an autoencoder of your own)."
+    )
+
+
+def labels_at_hint(batch: dict) -> str:
+    """For a dict batch without a labels key: the keys that look like labels, and the ``labels_at`` that
+    reads them ("" when none does). Hugging Face's names: a key with ``label`` in it, or a question-answering
+    model's ``start_positions`` and ``end_positions``.
+
+    >>> "pass labels_at='start_positions'" in labels_at_hint({"input_ids": 0, "start_positions": 1, "end_positions": 2})
+    True
+    >>> labels_at_hint({"input_ids": 0})
+    ''
+    """
+    keys = [key for key in batch if isinstance(key, str)]
+    span = [key for key in ANSWER_SPAN_KEYS if key in keys]
+    found = span or [key for key in keys if "label" in key.lower()]
+    if not found:
+        return ""
+    named = " and ".join(repr(key) for key in found)
+    plural = len(found) > 1
+    if span:
+        what = f"{named} {'are' if plural else 'is'} the labels of a question-answering model (Hugging Face's names)"
+    else:
+        what = f"{named} look{'' if plural else 's'} like labels"
+    others = f", {' and '.join(repr(key) for key in found[1:])} included," if plural else ""
+    return (
+        f" Its key{'s' if plural else ''} {what}: pass labels_at={found[0]!r} to read them. With loss_fn=None the "
+        f"net then gets the whole batch{others} and its output's loss trains it; the metrics get {found[0]!r}."
     )
 
 
@@ -188,18 +219,27 @@ def describe_reading(batch: Any, labels_at: Optional[Union[int, str]] = None, la
     return said + ("; sample weights beside them" if weight is not None else "")
 
 
-def batch_size_of(labels: Any, preds: Any, batch: Any = None) -> int:
-    """Number of samples in a batch, read from shapes only (no device sync): from the labels, the
-    predictions, or (a custom step that returns named values) the batch itself."""
-    if isinstance(labels, torch.Tensor) and labels.dim() > 0:  # nearly always: it runs every step
-        return labels.shape[0]
-    for obj in (labels, preds, batch):
-        tensor = first_tensor(obj)
-        if tensor is not None and tensor.dim() > 0:
-            return tensor.shape[0]
-    if isinstance(labels, (list, tuple)):
-        return len(labels)
-    return 1
+def inputs_count(batch: Any, labels_at: Optional[Union[int, str]] = None) -> int:
+    """How many samples a batch holds, read from its inputs' shapes (no device sync): the first
+    dimension of the first input, or the length of a list of inputs (a detector's images); for a
+    batch without labels (a ``train_step`` of the user's own), the first tensor's.
+
+    >>> inputs_count((torch.zeros(3, 2), [{"boxes": torch.zeros(0, 4)}] * 3))
+    3
+    """
+    try:
+        args, kwargs = split_inputs(batch, labels_at)
+    except BatchError:
+        args, kwargs = (batch,), {}
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            if value.dim() > 0:
+                return value.shape[0]
+        elif isinstance(value, (list, tuple)) and value:
+            first = first_tensor(value)
+            return first.shape[0] if isinstance(value, tuple) and first is not None and first.dim() > 0 else len(value)
+    tensor = first_tensor(batch)
+    return tensor.shape[0] if tensor is not None and tensor.dim() > 0 else 1
 
 
 def first_tensor(obj: Any):

@@ -5,7 +5,7 @@ one rank. From a notebook or a plain ``python`` process, a plan that runs in
 ``"workers"`` (``fit(devices=k)`` with k > 1) comes here: accelerate's
 ``notebook_launcher`` forks k processes from this one, each runs the work it was
 given (the same fit, as one rank of the job), and what the main one returns comes
-back to the caller (:mod:`kerastorch.training.run` loads it into the caller's model).
+back to the caller (:mod:`kerastorch.run` loads it into the caller's model).
 
 Forking is what lets the net, the loss, the metrics, the optimizer and the data reach
 the workers without being pickled (a lambda or a notebook class works). Its one rule:
@@ -30,13 +30,14 @@ import threading
 import time
 import traceback
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 from accelerate import notebook_launcher
 from accelerate.utils import patch_environment
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
+from ..strategies import cpu_state_dict, unwrap
 from .cuda import cuda_visible_devices
 from .plan import Plan
 from .runtime import reset_accelerate_state
@@ -284,3 +285,31 @@ def _is_cuda_fork_error(text: str) -> bool:
         or "CUDA error: initialization error" in text
         or "CUDA driver initialization failed" in text
     )
+
+
+# -- the results a run in workers sends back ------------------------------------------------------
+
+
+def results_of(model: Any, history_rows: list[dict], preempted: Optional[BaseException] = None) -> dict:
+    """What the main worker sends back: the history's rows, the best weights, the optimizer's and
+    scheduler's states, whether it stopped, and the ``Preempted`` it stopped with, if any."""
+    return {
+        "history": history_rows,
+        "weights": cpu_state_dict(model.net),
+        "optimizer": model.optimizer.state_dict(),
+        "lr_scheduler": model.lr_scheduler.state_dict() if model.lr_scheduler is not None else None,
+        "stop_training": model.stop_training,
+        "preempted": preempted,
+    }
+
+
+def take_results(model: Any, results: dict) -> list[dict]:
+    """Load what the main worker sent back into the caller's model; return the history's rows (the
+    caller raises ``results["preempted"]``, when set, once it has them)."""
+    unwrap(model.net).load_state_dict(results["weights"])
+    model.optimizer.load_state_dict(results["optimizer"])
+    if model.lr_scheduler is not None and results["lr_scheduler"] is not None:
+        model.lr_scheduler.load_state_dict(results["lr_scheduler"])
+    model.stop_training = results["stop_training"]
+    model.runtime = None
+    return results["history"]

@@ -97,14 +97,13 @@ def make_plan(settings: DeviceSettings, net: torch.nn.Module) -> Plan:
     return Plan("workers" if len(chosen) > 1 else "here", device_type, chosen, precision, strategy, cluster=cluster)
 
 
-def parse_accelerator(accelerator: str = "auto", cpu: bool = False) -> str:
+def parse_accelerator(accelerator: str = "auto") -> str:
     """Return the torch device type to run on: ``"cuda"``, ``"mps"`` or ``"cpu"``.
 
     ``"auto"`` prefers CUDA, then MPS, then the CPU; ``"gpu"`` means CUDA, else MPS.
     Asking for hardware that is absent is an error, never a silent fall back to the CPU.
-    ``cpu=True`` is torchkeras's way of saying ``accelerator="cpu"``.
     """
-    return device_type_for(parse_accelerator_word(accelerator, cpu))
+    return device_type_for(parse_accelerator_word(accelerator))
 
 
 def device_type_for(word: str) -> str:

@@ -1,19 +1,17 @@
 """Lightning's words for where and how a run trains, parsed without touching the hardware.
 
-``fit(accelerator=..., devices=..., precision=...)`` (and torchkeras's ``mixed_precision=`` /
-``cpu=``, through :mod:`kerastorch.compat.arguments`) are turned into canonical values here. Nothing in this
-module asks which devices exist: :mod:`kerastorch.devices.plan` matches the parsed values
+``fit(accelerator=..., devices=..., precision=...)`` are turned into canonical values here
+(torchkeras's ``mixed_precision=`` and ``cpu=`` are translated into these words at the door, by
+:mod:`kerastorch.compat.arguments`). Nothing in this module asks which devices exist: :mod:`kerastorch.devices.plan` matches the parsed values
 against the machine, and :mod:`kerastorch.devices.runtime` builds what the loop talks to.
 """
 
 from __future__ import annotations
 
 import numbers
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Sequence, Union
 
 import torch
-
-from ..compat.arguments import accelerator_from_cpu, precision_from_mixed_precision
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 
@@ -35,13 +33,12 @@ TRUE_PRECISION_OF = {dtype: name for name, dtype in PARAM_DTYPES.items()}  # tor
 DevicesArg = Union[int, str, Sequence[int]]
 
 
-def parse_precision(precision: Any = "32-true", mixed_precision: Optional[str] = None) -> str:
+def parse_precision(precision: Any = "32-true") -> str:
     """Return the canonical precision name (one of :data:`PRECISIONS`).
 
-    Accepts Lightning's names and aliases (``32``, ``"16"``, ``"bf16"`` ...) and
-    torchkeras's ``mixed_precision="no"|"fp16"|"bf16"``.
+    Accepts Lightning's names and aliases (``32``, ``"16"``, ``"bf16"`` ...).
 
-    >>> parse_precision(64), parse_precision("bf16"), parse_precision(mixed_precision="fp16")
+    >>> parse_precision(64), parse_precision("bf16"), parse_precision(" 16-Mixed ")
     ('64-true', 'bf16-mixed', '16-mixed')
     """
     allowed = f"{', '.join(repr(p) for p in PRECISIONS)} or the aliases 32, 64, 16, '32', '64', '16', 'bf16'"
@@ -52,22 +49,20 @@ def parse_precision(precision: Any = "32-true", mixed_precision: Optional[str] =
         canonical = precision if precision in PRECISIONS else _PRECISION_ALIASES.get(precision)
     if canonical is None:
         raise ValueError(f"precision={precision!r} is not supported; use {allowed}.")
-    return precision_from_mixed_precision(canonical, mixed_precision, precision)
+    return canonical
 
 
-def parse_accelerator_word(accelerator: Any = "auto", cpu: bool = False) -> str:
+def parse_accelerator_word(accelerator: Any = "auto") -> str:
     """Return the accelerator word, lower-cased: one of :data:`ACCELERATORS`.
 
-    ``cpu=True`` is torchkeras's way of saying ``accelerator="cpu"``.
-
-    >>> parse_accelerator_word(" GPU "), parse_accelerator_word(cpu=True)
-    ('gpu', 'cpu')
+    >>> parse_accelerator_word(" GPU "), parse_accelerator_word("auto")
+    ('gpu', 'auto')
     """
     if not isinstance(accelerator, str) or accelerator.strip().lower() not in ACCELERATORS:
         raise ValueError(
             f"accelerator={accelerator!r} is not known; use one of {', '.join(repr(a) for a in ACCELERATORS)}."
         )
-    return accelerator_from_cpu(accelerator.strip().lower(), cpu, accelerator)
+    return accelerator.strip().lower()
 
 
 _DEVICES_ACCEPTED = (

@@ -23,7 +23,8 @@ from accelerate.utils import DistributedDataParallelKwargs
 from torch import nn
 
 from ..data.peek import first_batch
-from ..training.modes import train_mode
+from ..helpers.modes import train_mode
+from ..helpers.protocols import RunRuntime, TrainableModel
 from .base import Strategy, refuse_foreign_parameters
 from .sharding import bare_module, shard_loaders, users_net_kept
 
@@ -54,7 +55,7 @@ class DDP(Strategy):
                 f"DDP(find_unused_parameters={self.find_unused_parameters!r}); use True, False or None (find out)."
             )
 
-    def check(self, model: Any) -> None:
+    def check(self, model: TrainableModel) -> None:
         refuse_foreign_parameters(
             model,
             "ddp",
@@ -64,7 +65,7 @@ class DDP(Strategy):
 
     @contextlib.contextmanager
     def training(
-        self, model: Any, runtime: Any, train_data: Any, val_data: Any, even_validation: bool = False
+        self, model: TrainableModel, runtime: RunRuntime, train_data: Any, val_data: Any, even_validation: bool = False
     ) -> Iterator[tuple[Any, Any]]:
         train_loader, val_loader = shard_loaders(runtime, train_data, val_data, even_validation)
         with users_net_kept(model, runtime) as users_net:
@@ -81,7 +82,7 @@ class DDP(Strategy):
             return net.no_sync()
         return contextlib.nullcontext()
 
-    def finish_accumulation(self, net: nn.Module, runtime: Any) -> None:
+    def finish_accumulation(self, net: nn.Module, runtime: RunRuntime) -> None:
         """A group that ended after the loop ran all its batches under ``no_sync``: average its
         gradients over the processes, as DDP's own all-reduce would have."""
         if not isinstance(net, nn.parallel.DistributedDataParallel) or runtime.num_processes == 1:
@@ -90,7 +91,7 @@ class DDP(Strategy):
             if param.grad is not None:
                 param.grad.copy_(runtime.reduce_sum(param.grad) / runtime.num_processes)
 
-    def engine(self, runtime: Any) -> str:
+    def engine(self, runtime: RunRuntime) -> str:
         return runtime.accelerator.distributed_type.value
 
     def __repr__(self) -> str:
@@ -113,7 +114,7 @@ def ddp_options(accelerator: Any, find_unused_parameters: bool) -> Iterator[None
         accelerator.ddp_handler = handler
 
 
-def refuse_unused_parameters(model: Any, train_data: Any, runtime: Any) -> None:
+def refuse_unused_parameters(model: TrainableModel, train_data: Any, runtime: RunRuntime) -> None:
     """Refuse, before any weight changes, a net with trainable parameters its first batch leaves out."""
     unused = parameters_without_gradient(model, train_data, runtime)
     if unused:
@@ -127,7 +128,7 @@ def refuse_unused_parameters(model: Any, train_data: Any, runtime: Any) -> None:
         )
 
 
-def parameters_without_gradient(model: Any, train_data: Any, runtime: Any) -> list[str]:
+def parameters_without_gradient(model: TrainableModel, train_data: Any, runtime: RunRuntime) -> list[str]:
     """The names of the net's trainable parameters that the loss of the first training batch gives no
     gradient (a forward and backward pass in train mode; gradients, buffers and RNG put back)."""
     net = bare_module(model.net)

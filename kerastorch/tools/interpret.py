@@ -31,9 +31,9 @@ from ..data.batches import to_host, unpack
 from ..data.forms import eval_loader
 from ..data.sample_weights import per_sample_loss
 from ..devices.runtime import runtime_for_net
-from ..training.modes import eval_mode
-from ..training.protocols import TrainableModel
-from .plots import new_figure
+from ..helpers.modes import eval_mode
+from ..helpers.plots import new_figure
+from ..helpers.protocols import TrainableModel
 
 REGRESSION_LOSSES = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss)
 

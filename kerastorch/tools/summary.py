@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from ..data.batches import first_tensor
+from ..helpers.modes import eval_mode
 from ..strategies import unwrap
-from ..training.modes import eval_mode
 
 NOT_CALLED = "(not called)"
 

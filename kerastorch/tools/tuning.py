@@ -11,7 +11,8 @@ as ``fit`` alone.
 
 The suggestion is the learning rate where the smoothed loss falls fastest per unit of
 ``log10(lr)`` (the steepest descent), looked for between the start and the lowest point
-of the curve. The lowest point itself is too large a rate — just past it the loss blows
+of the curve; it is always one of the rates tried. A curve that never descends (lowest in
+its first steps) is said, with what to try. The lowest point itself is too large a rate — just past it the loss blows
 up — and the rule "minimum / 10" depends on how far the curve runs past its valley; the
 steepest descent is where a step in the learning rate buys the most progress, which is
 what training at that rate exploits (Smith's range test).
@@ -19,30 +20,33 @@ what training at that rate exploits (Smith's range test).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import math
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..callbacks.callback_list import CallbackList
-from ..checks.first_batch import check_first_batch
 from ..data.batches import unpack
 from ..data.forms import FitData, prepare_data
+from ..data.peek import first_batch
 from ..devices.placement import place_parts
-from ..devices.plan import make_plan
+from ..devices.plan import Plan, make_plan
 from ..devices.runtime import build_runtime
+from ..helpers.plots import new_figure
+from ..helpers.protocols import TrainableModel
 from ..settings import DataSettings, DeviceSettings, FinderSettings, FitSettings, StepSettings
 from ..strategies import strategy_for_net
-from ..training.parts import check_loss_fn
-from ..training.protocols import TrainableModel
-from ..training.step import FitStep
-from .plots import new_figure
-from .snapshot import training_snapshot
+from ..training.callback_list import CallbackList
+from ..training.first_batch import check_batch
+from ..training.loop import FitStep
+from ..training.model_checks import check_loss_fn
+from ..training.schedulers import hyperparameters_kept, updates_per_epoch
+from ..training.snapshot import training_snapshot
 
 
 @dataclasses.dataclass
@@ -91,7 +95,7 @@ def lr_find(
     model: TrainableModel, data: FitData, devices: DeviceSettings, data_settings: DataSettings, finder: FinderSettings
 ) -> LRFinderResult:
     """The learning-rate range test (see the module docstring); the model is left exactly as it was."""
-    check_loss_fn(model)  # type: ignore[arg-type]
+    check_loss_fn(model)
     plan = make_plan(devices, model.net)
     if plan.where == "workers":  # one process is enough to find a rate: the first of the devices asked for
         plan = dataclasses.replace(plan, where="here", devices=plan.devices[:1], strategy=strategy_for_net(model.net))
@@ -110,7 +114,7 @@ def lr_find(
         runtime = build_runtime(plan)
         try:
             place_parts(model, runtime)
-            check_first_batch(model, train_loader, runtime, "train_data")
+            check_batch(model, first_batch(train_loader, "train_data"), runtime, "train_data")
             steps = FitStep(model, runtime, StepSettings(), CallbackList([], model, {}))
             model.fit_step = steps
             model.net.train()
@@ -148,12 +152,13 @@ def lr_find(
         )
     history = pd.DataFrame({"lr": lrs[: len(raw)], "loss": _smoothed(raw, smoothing), "raw_loss": raw})
     suggestion = steepest_descent(history["lr"].to_numpy(), history["loss"].to_numpy())
-    if suggestion < finder.start_lr:
+    if not descends(history["loss"].to_numpy()):
         warnings.warn(
-            f"lr_find's suggestion {suggestion:.3g} lies below every rate it tried (from start_lr="
-            f"{finder.start_lr:g}): the loss was lowest in the first steps, so the curve shows no descent to read "
-            "it from. Search lower (lr_find(start_lr=...) 100x smaller) or on more steps (num_steps=...), and check "
-            "the data with model.doctor(...).",
+            f"lr_find: the smoothed loss never went down over the {len(raw)} rates it tried (from start_lr="
+            f"{finder.start_lr:g} to {history['lr'].iloc[-1]:.3g}): it was lowest in the first steps, so there is no "
+            f"descent to read a rate from, and the suggestion ({suggestion:.3g}, one of the rates tried) is a guess. "
+            "Try a start_lr 100x smaller, more steps (num_steps=100 or more, on more batches), and check the data "
+            "with model.doctor(...).",
             UserWarning,
             stacklevel=3,
         )
@@ -182,25 +187,71 @@ class OneCycle:
         return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=self.max_lr, total_steps=total_steps)
 
 
+@contextlib.contextmanager
+def scheduled_for_this_run(
+    model: TrainableModel, lr_schedule: Any, settings: FitSettings, plan: Plan, train_loader: Any
+) -> Iterator[FitSettings]:
+    """The model's scheduler replaced by ``lr_schedule``'s for the run, stepped after every optimizer
+    step; the settings say so. Nothing changes without a schedule.
+
+    When the run ends (also early, on Ctrl-C or an error) the model gets its own scheduler settings
+    back and the optimizer its learning rates, momentum and betas as they were: torch's ``OneCycleLR``
+    leaves the rate at a tiny fraction of ``max_lr``, and a ``fit`` after ``fit_one_cycle`` would
+    otherwise train at that rate."""
+    if lr_schedule is None:
+        yield settings
+        return
+    steps = updates_per_epoch(train_loader, plan.num_processes, settings)
+    if steps is None:
+        raise ValueError(
+            "fit_one_cycle plans its schedule from the number of batches in an epoch, and this training "
+            "data has no length: pass steps_per_epoch=..."
+        )
+    epochs = settings.epochs - settings.initial_epoch  # the epochs this run trains
+    own = model.lr_scheduler, model.lr_scheduler_interval
+    with hyperparameters_kept(model.optimizer):
+        model.lr_scheduler = lr_schedule.scheduler(model.optimizer, total_steps=epochs * steps)
+        model.lr_scheduler_interval = "step"
+        try:
+            yield dataclasses.replace(settings, step=dataclasses.replace(settings.step, scheduler_interval="step"))
+        finally:
+            model.lr_scheduler, model.lr_scheduler_interval = own
+
+
 def steepest_descent(lrs: np.ndarray, losses: np.ndarray) -> float:
-    """The learning rate where ``losses`` fall fastest against ``log10(lrs)``, before their minimum.
+    """The learning rate where ``losses`` fall fastest against ``log10(lrs)``, before their minimum:
+    always one of ``lrs``, the rates tried.
 
     The slope at a point is measured across ``k = len // 20`` points on each side (at least
     one), so that batch-to-batch noise, large against the small steps of ``log10(lr)``, does
-    not pass for a descent.
+    not pass for a descent. A curve that never descends (:func:`descends`) gives the rate tried
+    closest below a tenth of its lowest point (the lowest rate tried, at worst).
 
     >>> lrs = np.geomspace(1e-4, 1, 5)
     >>> steepest_descent(lrs, np.array([2.0, 1.9, 1.0, 0.8, 3.0]))
     0.01
+    >>> steepest_descent(lrs, np.array([1.0, 1.5, 2.0, 3.0, 4.0]))  # never descends: the lowest rate tried
+    0.0001
     """
     lowest = int(np.argmin(losses))
     span = max(1, len(losses) // 20)
-    if lowest < 2 * span:
-        return float(lrs[lowest] / 10)  # no descent to measure: a tenth of the lowest point
+    if not descends(losses):
+        below = np.flatnonzero(lrs <= lrs[lowest] / 10)
+        return float(lrs[below[-1]] if len(below) else lrs[0])
     logs = np.log10(lrs)
     points = np.arange(span, lowest - span + 1)
     slopes = (losses[points + span] - losses[points - span]) / (logs[points + span] - logs[points - span])
     return float(lrs[int(points[np.argmin(slopes)])])
+
+
+def descends(losses: np.ndarray) -> bool:
+    """Whether a curve of losses goes down before its minimum: its lowest point comes after the first
+    ``2 * k`` points (``k = len // 20``, at least one), where a descent can be measured.
+
+    >>> descends(np.array([2.0, 1.9, 1.0, 0.8, 3.0])), descends(np.array([1.0, 0.99, 2.0, 3.0]))
+    (True, False)
+    """
+    return int(np.argmin(losses)) >= 2 * max(1, len(losses) // 20)
 
 
 def _smoothed(raw: list[float], smoothing: float) -> list[float]:
@@ -240,4 +291,12 @@ def _from_rank_zero(value: float) -> float:
     return float(box[0])
 
 
-__all__ = ["LRFinderResult", "OneCycle", "finder_for_fit", "lr_find", "steepest_descent"]
+__all__ = [
+    "LRFinderResult",
+    "OneCycle",
+    "descends",
+    "finder_for_fit",
+    "lr_find",
+    "scheduled_for_this_run",
+    "steepest_descent",
+]

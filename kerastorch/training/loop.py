@@ -1,66 +1,83 @@
-"""The epoch loop: train an epoch, validate, tell the callbacks, repeat.
+"""The epoch loop and the optimizer step: train an epoch, validate, tell the callbacks, repeat.
+
+Reading one training step needs this file and three others: ``KerasModel.train_step`` and
+``forward_batch`` (:mod:`kerastorch.model`: the batch through the net and the loss), the epoch's
+sums (:mod:`~kerastorch.training.meters`) and the device (:mod:`~kerastorch.devices.runtime`:
+``to_device``, ``autocast``). ``train_step`` calls ``model.backward(loss)`` and
+``model.optimizer_step()``, which come to this file's :class:`FitStep`: gradient accumulation,
+the grad scaler of ``16-mixed``, clipping, a per-step scheduler and the step hooks.
 
 Nothing here asks the device for a number: losses and metrics go into
 :class:`~kerastorch.training.meters.EpochMeters`, which turns them into floats once per epoch
-(and when the progress bar redraws). What happens inside a training step — backward,
-accumulation, the optimizer step and its hooks — is :mod:`kerastorch.training.step`'s.
+(and when the progress bar redraws).
+
+When gradients are zeroed: ``optimizer_step(opt)`` zeroes ``opt``'s gradients right after
+its update; the model's optimizer is zeroed when an epoch starts. With an overridden
+``train_step`` (which may hold several optimizers and several nets), every batch starts with
+each parameter's gradient as its optimizer's last ``optimizer_step`` call in the accumulation
+group saw it (none at the group's start): a gradient one net got from another's loss after its
+own optimizer's call (a discriminator's, from the generator's loss) never reaches its update,
+with or without accumulation. Within one ``train_step``, before an optimizer's call, gradients
+add up as in PyTorch.
 """
 
 from __future__ import annotations
 
-import itertools
+import math
 from typing import Any, Optional, Union
 
 import torch
 
-from ..callbacks.callback_list import CallbackList
-from ..data.batches import OutputRows, batch_size_of, split_sample_weight, to_host
-from ..data.loaders import FirstBatches
-from ..data.peek import FirstPass, num_batches
+from ..data.batches import split_sample_weight
+from ..data.peek import num_batches
 from ..devices.runtime import Runtime
-from ..settings import is_validated
+from ..helpers.modes import TrainingModes
+from ..helpers.protocols import Epochs, TrainableModel
+from ..settings import StepSettings, is_validated
+from .callback_list import CallbackList
+from .eval_loop import evaluate_epoch
 from .meters import EpochMeters, StepLogs
-from .modes import eval_mode
 from .position import RunPosition
 from .preemption import Preemption
-from .protocols import Epochs, TrainableModel
-from .schedulers import after_epoch
-from .step import FitStep
+from .schedulers import after_epoch, after_update
 
 
 def fit_loop(
     model: TrainableModel,
-    stages: Epochs,
+    epochs: Epochs,
     train_loader: Any,
     val_loader: Optional[Any],
     runtime: Runtime,
     callbacks: CallbackList,
-    epochs: int,
+    last_epoch: int,
     history: list[dict],
     first_epoch: int = 1,
     validation_freq: Union[int, tuple[int, ...]] = 1,
     position: Optional[RunPosition] = None,
     preemption: Optional[Preemption] = None,
 ) -> None:
-    """Run epochs ``first_epoch..epochs``, appending one row per epoch to ``history``.
+    """Run epochs ``first_epoch..last_epoch``, appending one row per epoch to ``history``.
 
-    ``stages`` trains and validates an epoch: fit's own (:class:`FitEpochs`), or a torchkeras
-    program's StepRunner (:class:`~kerastorch.compat.runners.RunnerEpochs`).
-    Validation runs every ``validation_freq`` epochs (Keras's rule: epochs n, 2n, ...; or, for a tuple,
-    the epochs listed); the
-    logs of the other epochs have no ``val_*`` values, so the callbacks that watch one skip them.
-    ``position`` says which epoch runs (and, resumed, where it goes on); ``preemption`` stops the
-    run at the end of an epoch during which a preemption signal came between batches.
+    ``epochs`` trains and validates an epoch: fit's own (:class:`FitEpochs`), or a torchkeras
+    program's (:mod:`kerastorch.compat`). Validation runs every ``validation_freq`` epochs (Keras's
+    rule: epochs n, 2n, ...; or, for a tuple, the epochs listed); the logs of the other epochs have
+    no ``val_*`` values, so the callbacks that watch one skip them. ``position`` says which epoch
+    runs (and, resumed, where it goes on); ``preemption`` stops the run at the end of an epoch
+    during which a preemption signal came between batches.
     """
     position = position if position is not None else RunPosition()
-    for epoch in range(first_epoch, epochs + 1):
+    if preemption is not None and preemption.requested_anywhere():  # a signal came before training began
+        preemption.stop(first_epoch, batches=0)
+    modes = TrainingModes(model.net)  # the modes the user gave the net's modules, kept for training
+    for epoch in range(first_epoch, last_epoch + 1):
+        modes.for_training()  # before on_epoch_begin: a callback may put a module in eval mode there
         callbacks.call("on_epoch_begin", epoch, {})
         lr = position.begin_epoch(epoch, current_lr(model.optimizer))
-        train_logs = stages.train(train_loader)
+        train_logs = epochs.train(train_loader)
         validate = val_loader is not None and is_validated(epoch, validation_freq)
-        val_logs = stages.validate(val_loader) if validate else {}
+        val_logs = epochs.validate(val_loader) if validate else {}
         logs = {"epoch": epoch, **train_logs, "lr": lr, **val_logs}
-        stages.end_epoch(logs)  # before the row joins the history: a failure here keeps the epoch out of it
+        epochs.end_epoch(logs)  # before the row joins the history: a failure here keeps the epoch out of it
         history.append(logs)
         runtime.wait_for_everyone()  # with several processes, files are written after a barrier
         callbacks.call("on_epoch_end", epoch, logs)
@@ -72,8 +89,8 @@ def fit_loop(
 
 
 class FitEpochs:
-    """fit's own epochs: :func:`train_epoch` with fit's step, :func:`evaluate_epoch`, and the
-    scheduler's call after an epoch (:mod:`~kerastorch.training.schedulers`)."""
+    """fit's own epochs: :func:`train_epoch` with the model's ``train_step``, ``evaluate_epoch``, and
+    the scheduler's call after an epoch (:mod:`~kerastorch.training.schedulers`)."""
 
     def __init__(
         self,
@@ -81,16 +98,12 @@ class FitEpochs:
         runtime: Runtime,
         callbacks: CallbackList,
         meters: dict[str, EpochMeters],
-        steps: FitStep,
+        fit_step: FitStep,
         position: Optional[RunPosition] = None,
         preemption: Optional[Preemption] = None,
-        first_val_pass: Optional[FirstPass] = None,
     ):
-        self.model, self.runtime, self.callbacks, self.meters, self.steps = model, runtime, callbacks, meters, steps
-        self.position, self.preemption = position, preemption
-        # The pass over the validation data that the checks before training began: the first
-        # validation goes on with it instead of fetching its first batch again.
-        self.first_val_pass = first_val_pass
+        self.model, self.runtime, self.callbacks, self.meters = model, runtime, callbacks, meters
+        self.fit_step, self.position, self.preemption = fit_step, position, preemption
 
     def train(self, loader: Any) -> dict[str, float]:
         return train_epoch(
@@ -99,29 +112,17 @@ class FitEpochs:
             self.runtime,
             self.meters["train"],
             self.callbacks,
-            self.steps,
+            self.fit_step,
             self.position,
             self.preemption,
         )
 
     def validate(self, loader: Any) -> dict[str, float]:
-        kept, self.first_val_pass = self.first_val_pass, None
-        batches = continued(loader, kept) if kept is not None else loader
-        return evaluate_epoch(self.model, batches, self.runtime, self.meters["val"], self.callbacks)
+        return evaluate_epoch(self.model, loader, self.runtime, self.meters["val"], self.callbacks)
 
     def end_epoch(self, logs: dict) -> None:
-        settings = self.steps.settings
+        settings = self.fit_step.settings
         after_epoch(self.model.lr_scheduler, settings.scheduler_interval, logs["epoch"], logs, settings.monitor)
-
-
-def continued(loader: Any, kept: FirstPass) -> Any:
-    """The batches of a pass over ``loader``: the kept pass when it is over the same data
-    (``validation_steps`` takes its first batches too), else ``loader``."""
-    if loader is kept.loader:
-        return kept
-    if isinstance(loader, FirstBatches) and loader.loader is kept.loader:
-        return itertools.islice(kept, loader.steps)
-    return loader
 
 
 def train_epoch(
@@ -130,38 +131,42 @@ def train_epoch(
     runtime: Runtime,
     meters: EpochMeters,
     callbacks: CallbackList,
-    steps: FitStep,
+    fit_step: FitStep,
     position: Optional[RunPosition] = None,
     preemption: Optional[Preemption] = None,
 ) -> dict[str, float]:
-    """One epoch's training batches. ``position``: a resumed epoch starts at its first batch not yet
-    trained (the loader hands out the rest); ``preemption``: after a preemption signal, the epoch
-    stops at the next optimizer-step boundary (see :mod:`~kerastorch.training.preemption`)."""
-    model.net.train()
+    """One epoch's training batches: ``train_step`` on each, its values into ``meters``.
+
+    ``position``: a resumed epoch starts at its first batch not yet trained (the loader hands out
+    the rest); ``preemption``: after a preemption signal, the epoch stops at the next
+    optimizer-step boundary (see :mod:`~kerastorch.training.preemption`)."""
     meters.reset()
-    on_begin, on_end = callbacks.wants("on_train_batch_begin"), callbacks.wants("on_train_batch_end")
-    steps.start_epoch(num_batches(loader))
+    # The hooks are asked for once: a hook no callback overrides costs nothing per batch.
+    on_batch_begin = callbacks.listeners("on_train_batch_begin")
+    on_batch_end = callbacks.listeners("on_train_batch_end")
+    fit_step.start_epoch(num_batches(loader))
     weighted = bool(meters.weighted)  # weighted_metrics read each batch's sample weights
     first_batch = position.continue_epoch(meters) if position is not None else 0
-    watch: Any = preemption if preemption is not None else _NO_PREEMPTION
     for batch_index, batch in enumerate(loader, start=first_batch):
-        if on_begin:
-            callbacks.call("on_train_batch_begin", batch_index, {})
+        for hook in on_batch_begin:
+            hook(batch_index, {})
         batch = runtime.to_device(batch)
-        outputs = steps.run(batch_index, batch)
+        outputs = fit_step.run(batch_index, batch)
         if isinstance(outputs, dict):  # a train_step of the user's own that names its values
-            meters.update_values(outputs, batch_size_of(None, None, batch))
+            meters.update_values(outputs, batch)
         else:
             loss, preds, labels = outputs
             weight = split_sample_weight(batch)[1] if weighted else None
-            meters.update(loss, preds, labels, batch_size_of(labels, preds, batch), weight)
-        if on_end:
-            callbacks.call("on_train_batch_end", batch_index, StepLogs(meters))
+            meters.update(loss, preds, labels, batch, weight)
+        if on_batch_end:
+            logs = StepLogs(meters)  # read from the device only if a callback looks at it
+            for hook in on_batch_end:
+                hook(batch_index, logs)
         if model.stop_training:  # set by a batch hook: stop after this batch, as Keras does
             break
-        if watch.requested and steps.updates_now:  # a Python flag: no device sync
-            watch.stop(position.epoch if position is not None else 0, batches=batch_index + 1)
-    steps.end_epoch()
+        if preemption is not None and preemption.requested and fit_step.updates_now:  # Python flags: no sync
+            preemption.stop(position.epoch if position is not None else 0, batches=batch_index + 1)
+    fit_step.end_epoch()
     if meters.count == 0:
         raise ValueError(
             "train_data produced no batches this epoch. Check that the dataset is not empty and drop_last "
@@ -170,79 +175,157 @@ def train_epoch(
     return meters.read()
 
 
-@torch.no_grad()
-def evaluate_epoch(
-    model: TrainableModel, loader: Any, runtime: Runtime, meters: EpochMeters, callbacks: CallbackList
-) -> dict[str, float]:
-    with eval_mode(model.net):  # also after Ctrl-C or an error, the net goes back to the mode it was in
-        meters.reset()
-        callbacks.call("on_test_begin", {})
-        on_begin, on_end = callbacks.wants("on_test_batch_begin"), callbacks.wants("on_test_batch_end")
-        for batch_index, batch in enumerate(loader):
-            if on_begin:
-                callbacks.call("on_test_batch_begin", batch_index, {})
-            batch = runtime.to_device(batch)
-            with runtime.autocast():
-                loss, preds, labels = model.forward_batch(batch)
-            weight = split_sample_weight(batch)[1] if meters.weighted else None
-            meters.update(loss, preds, labels, batch_size_of(labels, preds), weight)
-            if on_end:
-                callbacks.call("on_test_batch_end", batch_index, StepLogs(meters))
-        if meters.count == 0 and runtime.num_processes == 1:  # a process may get no share of a short loader
-            raise ValueError("The validation data produced no batches. Pass a non-empty DataLoader or val_data=None.")
-        logs = meters.read()
-        callbacks.call("on_test_end", logs)
-    return logs
+class FitStep:
+    """What ``model.backward(loss)`` and ``model.optimizer_step()`` do inside ``train_step``:
+    gradient accumulation (an update every k batches, DDP's all-reduce only on the batch that ends
+    a group), the grad scaler of ``16-mixed``, clipping, a per-step scheduler, and the four step
+    hooks that Lightning and fastai users know (each called only when a callback overrides it)."""
 
+    def __init__(self, model: TrainableModel, runtime: Runtime, settings: StepSettings, callbacks: CallbackList):
+        self.model = model
+        self.runtime = runtime
+        self.settings = settings
+        self.callbacks = callbacks
+        self.accumulate = settings.accumulation_steps
+        self.scaler = runtime.scaler
+        self.updates_now = True  # does the batch being run end an accumulation group?
+        self.num_batches: Optional[int] = None
+        self.waiting = 0  # batches whose gradients wait for the group's optimizer step
+        self.deferred: list[torch.optim.Optimizer] = []  # optimizers asked to step before the group ended
+        self.scaler_stepped = False
+        self.hooked = {hook: callbacks.wants(hook) for hook in STEP_HOOKS}
+        # A train_step of the user's own may hold several nets and optimizers: every batch starts with
+        # each optimizer's gradients as its last optimizer_step call left them (none at a group's
+        # start), so what another net's loss left on its parameters afterwards never reaches its update.
+        self.own_step = not model.uses_default_train_step
+        self.kept_grads: dict[int, list] = {}  # id(optimizer) -> [(parameter, its gradient then)]
+        self.scheduler_after_update = after_update(model.lr_scheduler, settings.scheduler_interval)
+        self.epochs_done = 0  # set by the run when it resumes: the update count of a timm scheduler follows it
+        self.updates_done = 0  # updates of the model's optimizer since the run began
 
-@torch.no_grad()
-def predict_outputs(
-    model: TrainableModel,
-    loader: Any,
-    runtime: Runtime,
-    callbacks: Optional[CallbackList] = None,
-    *,
-    held: str = "batches",
-    concatenate: bool = True,
-) -> Any:
-    """The net's outputs for every batch, on the CPU, in data order: concatenated into one structure
-    (stacked where ``held`` is ``"samples"``: each batch is one sample, see
-    :func:`~kerastorch.data.loaders.what_batches_hold`), or with ``concatenate=False`` a list of each
-    batch's outputs. ``callbacks`` get Keras's predict hooks (``on_predict_batch_end``'s logs
-    hold the batch's ``outputs``)."""
-    rows = OutputRows(held)
-    listed = []
-    callbacks = callbacks if callbacks is not None else CallbackList([], model, {})
-    on_begin, on_end = callbacks.wants("on_predict_batch_begin"), callbacks.wants("on_predict_batch_end")
-    with eval_mode(model.net):
-        callbacks.call("on_predict_begin", {})
-        for batch_index, batch in enumerate(loader):
-            if on_begin:
-                callbacks.call("on_predict_batch_begin", batch_index, {})
-            batch = runtime.to_device(batch)
-            with runtime.autocast():
-                batch_outputs = model.predict_batch(batch)
-            if concatenate:
-                rows.append(to_host(batch_outputs), batch)  # refuses, at this batch, outputs that cannot join
+    # -- called by the loop --------------------------------------------------------------
+
+    def start_epoch(self, num_batches: Optional[int]) -> None:
+        self.num_batches = num_batches
+        self.waiting = 0
+        self.deferred.clear()
+        if num_batches is not None:  # timm's count: epoch * updates_per_epoch (also after a resume)
+            self.updates_done = self.epochs_done * math.ceil(num_batches / self.accumulate)
+        self.epochs_done += 1
+        # Gradients left by the user's own backward, or by a run stopped mid-group, must not
+        # leak into this epoch's first update.
+        self.model.optimizer.zero_grad(set_to_none=True)
+
+    def run(self, batch_index: int, batch: Any) -> Any:
+        """The model's ``train_step`` on one batch; returns what it returns: ``(loss, preds, labels)``,
+        or a dict of named values."""
+        if self.own_step:
+            self.drop_stray_gradients()
+        self.waiting += 1
+        self.updates_now = self.waiting == self.accumulate or batch_index + 1 == self.num_batches
+        if not self.updates_now:
+            # Gradients are exchanged between processes only on the batch that ends a group.
+            with self.runtime.strategy.no_sync(self.model.net):
+                return self.model.train_step(batch)
+        outputs = self.model.train_step(batch)
+        self.waiting = 0
+        self.deferred.clear()
+        self.kept_grads.clear()
+        self.update_scaler()
+        return outputs
+
+    def end_epoch(self) -> None:
+        """Step a last, shorter group: from a loader of unknown length, or stopped by a callback."""
+        if self.waiting:
+            if self.own_step:
+                self.drop_stray_gradients()
+            self.runtime.strategy.finish_accumulation(self.model.net, self.runtime)
+            for optimizer in self.deferred or [self.model.optimizer]:
+                self.step(optimizer, grad_factor=self.accumulate / self.waiting)
+            self.update_scaler()
+            self.waiting = 0
+        self.deferred.clear()
+        self.kept_grads.clear()
+
+    def drop_stray_gradients(self) -> None:
+        """Every gradient of the net back to what its optimizer's last ``optimizer_step`` call in this
+        accumulation group saw (none at the group's start)."""
+        self.model.net.zero_grad(set_to_none=True)
+        for kept in self.kept_grads.values():
+            for parameter, grad in kept:
+                parameter.grad = grad
+
+    # -- called by train_step, through the model --------------------------------------------
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of the batch's loss: divided over an accumulation group, scaled under 16-mixed."""
+        if self.hooked["on_before_backward"]:
+            self.callbacks.call("on_before_backward", loss)
+        if self.accumulate > 1:
+            loss = loss / self.accumulate
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        if self.hooked["on_after_backward"]:
+            self.callbacks.call("on_after_backward")
+
+    def optimizer_step(self, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
+        """Update with ``optimizer`` (default: the model's) if this batch ends an accumulation group;
+        otherwise remember it and let the gradients add up."""
+        optimizer = self.model.optimizer if optimizer is None else optimizer
+        if self.updates_now:
+            self.step(optimizer, grad_factor=self.accumulate / self.waiting)
+            return
+        if not any(optimizer is waiting for waiting in self.deferred):
+            self.deferred.append(optimizer)
+        if self.own_step:  # its gradients so far are its own: keep them from what later losses add
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            self.kept_grads[id(optimizer)] = [(p, None if p.grad is None else p.grad.clone()) for p in params]
+
+    # -- the update ------------------------------------------------------------------------------
+
+    def step(self, optimizer: torch.optim.Optimizer, grad_factor: float) -> None:
+        settings, scaler = self.settings, self.scaler
+        if grad_factor != 1.0 or settings.clip_val is not None:
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if grad_factor != 1.0:  # a shorter last group: its mean is over fewer batches
+            for param in params:
+                param.grad.mul_(grad_factor)
+        if scaler is not None and (settings.clip_val is not None or self.hooked["on_before_optimizer_step"]):
+            scaler.unscale_(optimizer)  # clipping and callbacks see the true gradients, not the scaled ones
+        if self.hooked["on_before_optimizer_step"]:
+            self.callbacks.call("on_before_optimizer_step", optimizer)
+        if settings.clip_val is not None:
+            if settings.clip_algorithm == "norm":
+                torch.nn.utils.clip_grad_norm_(params, settings.clip_val)
             else:
-                listed.append(to_host(batch_outputs))
-            if on_end:
-                callbacks.call("on_predict_batch_end", batch_index, {"outputs": batch_outputs})
-        callbacks.call("on_predict_end", {})
-    if not (rows.batches or listed):
-        raise ValueError("predict got no batches: the data is empty.")
-    return rows.concatenated() if concatenate else listed
+                torch.nn.utils.clip_grad_value_(params, settings.clip_val)
+        if scaler is not None:
+            scaler.step(optimizer)
+            self.scaler_stepped = True
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if self.hooked["on_after_optimizer_step"]:
+            self.callbacks.call("on_after_optimizer_step", optimizer)
+        if optimizer is self.model.optimizer:
+            self.updates_done += 1
+            if self.scheduler_after_update is not None:
+                self.scheduler_after_update(self.updates_done)
+
+    def update_scaler(self) -> None:
+        # Once per batch, after every optimizer has stepped, as torch's AMP recipe asks.
+        if self.scaler_stepped and self.scaler is not None:
+            self.scaler.update()
+            self.scaler_stepped = False
 
 
-class _NoPreemption:
-    requested = False
-
-
-_NO_PREEMPTION = _NoPreemption()
+STEP_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_after_optimizer_step")
 
 
 def current_lr(optimizer: torch.optim.Optimizer) -> float:
     return float(optimizer.param_groups[0]["lr"])
 
 
-__all__ = ["FitEpochs", "evaluate_epoch", "fit_loop", "predict_outputs", "train_epoch"]
+__all__ = ["FitEpochs", "FitStep", "fit_loop", "train_epoch"]

@@ -14,16 +14,24 @@ a mean of batch means.
 
 from __future__ import annotations
 
-import copy
-import math
 import operator
 from collections.abc import Mapping
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
-from ..data.batches import detach
-from .metric_sync import compute_metric, exact_sum_dtype, prepare_metric_for_processes
+from ..data.batches import detach, inputs_count
+from .metric_meters import (
+    FunctionMeter,
+    MetricCopies,
+    StatefulMeter,
+    WeightedMeter,
+    is_stateful_metric,
+    metric_copies_for,
+    metric_friendly,
+    stateful_value,
+)
+from .metric_sync import exact_sum_dtype
 
 # How many steps of outputs are held before the metrics see them, and how many output elements at
 # most: a segmentation net's outputs (8 x 21 x 512 x 512 floats, 176 MB a batch) go to the metrics
@@ -33,303 +41,6 @@ from .metric_sync import compute_metric, exact_sum_dtype, prepare_metric_for_pro
 # epoch of a small dataset.)
 FLUSH_EVERY = 256
 FLUSH_ELEMENTS = 1 << 22
-
-
-def is_stateful_metric(metric: Any) -> bool:
-    """torchmetrics ``Metric`` or any object with ``compute`` and ``reset`` (torchkeras's pattern)."""
-    return callable(getattr(metric, "compute", None)) and callable(getattr(metric, "reset", None))
-
-
-# Names a metric cannot take: the history's own columns ("loss" would become train_loss / val_loss).
-RESERVED_NAMES = ("loss", "lr", "epoch")
-
-
-def check_metrics(metrics_dict: Optional[dict]) -> dict:
-    """Refuse a metric that cannot be called, naming its key."""
-    if metrics_dict is not None and not isinstance(metrics_dict, Mapping):
-        raise TypeError(
-            f"metrics_dict is a {type(metrics_dict).__name__}, but it must be a dict of name -> metric, "
-            "e.g. {'acc': torchmetrics.Accuracy(task='multiclass', num_classes=10)}."
-        )
-    metrics_dict = dict(metrics_dict or {})
-    for name, metric in metrics_dict.items():
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"metrics_dict keys must be non-empty strings like 'acc'; got {name!r}.")
-        if name in RESERVED_NAMES or name.startswith(("train_", "val_")):
-            raise ValueError(
-                f"metrics_dict[{name!r}]: the history already has columns named after it ({name!r} would become "
-                f"'train_{name}' and 'val_{name}', or clash with 'epoch', 'lr', 'train_loss', 'val_loss'), and the "
-                f"best weights would follow the wrong one. Name it otherwise, e.g. 'my_{name.split('_', 1)[-1]}'."
-            )
-        if isinstance(metric, type):
-            raise TypeError(
-                f"metrics_dict[{name!r}] is the class {metric.__name__}, not a metric. Build one: "
-                f"{metric.__name__}(...) (note the brackets), e.g. torchmetrics.Accuracy(task='multiclass', "
-                "num_classes=10)."
-            )
-        if type(metric).__name__ == "MetricCollection":
-            raise TypeError(
-                f"metrics_dict[{name!r}] is a torchmetrics MetricCollection, which computes a dict; the history holds "
-                "one number per column. Put its metrics in metrics_dict one by one: "
-                "metrics_dict={'acc': Accuracy(...), 'f1': F1Score(...)}."
-            )
-        if not callable(metric):
-            raise TypeError(
-                f"metrics_dict[{name!r}] is a {type(metric).__name__}, which cannot be called. A metric is a "
-                "torchmetrics Metric (e.g. torchmetrics.Accuracy(task='multiclass', num_classes=10)), a module "
-                "with forward/compute/reset, or a function f(preds, labels) -> tensor."
-            )
-    return metrics_dict
-
-
-def metric_update_fn(metric: Any) -> Callable:
-    """The call that feeds a stateful metric one batch: its ``update``, else the metric itself.
-
-    torchmetrics and most hand-written metrics have ``update``; torchkeras's metric
-    modules update in ``forward``.
-    """
-    return getattr(metric, "update", None) or metric
-
-
-def scalar_metric_value(value: Any, name: str) -> torch.Tensor:
-    """``value`` as a 0-d tensor, or an error naming the metric: a history holds one number per metric."""
-    if isinstance(value, Mapping):
-        raise ValueError(
-            f"Metric {name!r} computed a dict ({', '.join(map(str, value))}); the history holds one number per "
-            "metric. Put each of its values in metrics_dict as a metric of its own."
-        )
-    value = torch.as_tensor(value)
-    if value.numel() != 1:
-        raise ValueError(
-            f"Metric {name!r} computed a tensor of shape {tuple(value.shape)}; the history holds one number per "
-            "metric. Use a metric that returns a scalar (e.g. average='macro' in torchmetrics)."
-        )
-    return value.reshape(())
-
-
-class MetricCopies:
-    """A model's copies of its stateful metrics on one device: the first-batch checks try a metric on
-    one, and each meter keeps one.
-
-    A deep copy of a torchmetrics metric costs about half a millisecond, more than the rest of the
-    metric work of a one-batch fit. So a copy is made once and used again: one its taker is done
-    with comes back reset (a check's at once, a meter's when its run ends) and the next taker gets
-    it. The model keeps its copies between runs (:func:`metric_copies_for`), as Keras keeps a
-    compiled model's metrics and resets them at each fit: a model's first fit makes two copies of
-    each metric, its later fits none.
-    """
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        # id(metric) -> (the metric, its copies that nobody holds, reset). The metric is held so that
-        # its id cannot be taken by a new object, whose copies these are not.
-        self._spare: dict[int, tuple[Any, list]] = {}
-        # id(metric) -> (the metric, the kinds of outputs a copy of it computed one number from: see
-        # outputs_kind). A check need not compute it again on outputs of a kind it already did.
-        self._scalar_on: dict[int, tuple[Any, set]] = {}
-
-    def take(self, metric: Any) -> Any:
-        spare = self._spare.get(id(metric))
-        if spare is not None and spare[0] is metric and spare[1]:
-            return spare[1].pop()
-        copied = copy.deepcopy(metric)
-        if isinstance(copied, torch.nn.Module):
-            copied.to(self.device)
-        copied.reset()  # the user's metric may hold updates of their own
-        return copied
-
-    def give_back(self, metric: Any, copied: Any) -> None:
-        """``copied`` (taken for ``metric``) is of no more use to its taker: reset, another may take it."""
-        copied.reset()
-        spare = self._spare.get(id(metric))
-        if spare is None or spare[0] is not metric:
-            spare = self._spare[id(metric)] = (metric, [])
-        spare[1].append(copied)
-
-    def computed_one_number(self, metric: Any, kind: Optional[tuple]) -> bool:
-        """Whether a copy of ``metric`` computed one number from outputs of this ``kind``
-        (:func:`outputs_kind`; None, a kind never known, never did)."""
-        seen = self._scalar_on.get(id(metric))
-        return kind is not None and seen is not None and seen[0] is metric and kind in seen[1]
-
-    def note_one_number(self, metric: Any, kind: Optional[tuple]) -> None:
-        """A copy of ``metric`` computed one number from outputs of this ``kind``."""
-        if kind is None:
-            return
-        seen = self._scalar_on.get(id(metric))
-        if seen is None or seen[0] is not metric:
-            seen = self._scalar_on[id(metric)] = (metric, set())
-        seen[1].add(kind)
-
-    def keep_only(self, metrics: Iterable[Any]) -> None:
-        """Drop the copies of metrics not among ``metrics`` (a model whose metrics_dict was replaced)."""
-        wanted = {id(metric) for metric in metrics}
-        for kept in (self._spare, self._scalar_on):
-            for key in [key for key in kept if key not in wanted]:
-                del kept[key]
-
-
-def outputs_kind(preds: Any, labels: Any) -> Optional[tuple]:
-    """What decides the shape of a metric's value, besides the metric: the dtypes of the outputs and
-    the labels and their shapes past the batch dimension. None for anything but two tensors."""
-    if not (isinstance(preds, torch.Tensor) and isinstance(labels, torch.Tensor)):
-        return None
-    return preds.dtype, preds.shape[1:], labels.dtype, labels.shape[1:]
-
-
-def metric_copies_for(model: Any, device: torch.device) -> MetricCopies:
-    """The copies ``model`` keeps of its metrics on ``device`` (see :class:`MetricCopies`)."""
-    kept: Optional[dict] = getattr(model, "_metric_copies", None)
-    if kept is None:
-        kept = {}
-        model._metric_copies = kept
-    copies = kept.get(device)
-    if copies is None:
-        copies = kept[device] = MetricCopies(device)
-    copies.keep_only(model.metrics_dict.values())
-    return copies
-
-
-class _StatefulMeter:
-    """A metric that keeps its own state: updated with batches, read with ``compute``."""
-
-    def __init__(self, metric: Any, copies: MetricCopies, reduce_fn: Optional[Callable] = None):
-        self.source = metric  # the user's metric: the meter updates a copy of its own
-        self.copies = copies
-        self._metric: Any = None  # the copy, taken when first used (see MetricCopies)
-        self.seen = False
-        self.device = copies.device
-        self.reduce_fn = reduce_fn  # set in a k-process run: a synced read combines every process's states
-
-    @property
-    def metric(self) -> Any:
-        if self._metric is None:
-            self._metric = self.copies.take(self.source)
-            if self.reduce_fn is not None:
-                prepare_metric_for_processes(self._metric)
-        return self._metric
-
-    def update(self, preds: Any, labels: Any, n: int) -> None:
-        metric_update_fn(self.metric)(preds, labels)
-        self.seen = True
-
-    def value(self, synced: bool = False) -> torch.Tensor:
-        reduce_fn = self.reduce_fn if synced else None
-        return torch.as_tensor(compute_metric(self.metric, reduce_fn, self.device))
-
-    def reset(self) -> None:
-        if self._metric is not None:  # a copy not yet taken comes reset
-            self._metric.reset()
-        self.seen = False
-
-    def give_back_copy(self) -> None:
-        """The run is over: the copy goes back, reset, for the model's next run."""
-        if self._metric is not None:
-            self.copies.give_back(self.source, self._metric)
-            self._metric = None
-            self.seen = False
-
-    def state_dict(self) -> dict:
-        """The metric's states so far: its parameters and buffers, and every attribute that holds a
-        tensor, a list of tensors or a number (a torchmetrics Metric's states are such attributes)."""
-        metric = self.metric
-        return {
-            "module": metric.state_dict() if isinstance(metric, torch.nn.Module) else {},
-            "attributes": {name: value for name, value in vars(metric).items() if _is_state_value(value)},
-            "seen": self.seen,
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        metric = self.metric
-        if isinstance(metric, torch.nn.Module) and state["module"]:
-            metric.load_state_dict(state["module"])
-        for name, value in state["attributes"].items():
-            if isinstance(value, torch.Tensor):
-                value = value.to(self.device)
-            elif isinstance(value, list):
-                value = [v.to(self.device) for v in value]
-            setattr(metric, name, value)
-        self.seen = state["seen"]
-
-
-def _is_state_value(value: Any) -> bool:
-    if isinstance(value, list):
-        return all(isinstance(v, torch.Tensor) for v in value)
-    return isinstance(value, (torch.Tensor, bool, int, float)) or value is None
-
-
-class _FunctionMeter:
-    """A plain ``f(preds, labels) -> tensor``, averaged over samples."""
-
-    def __init__(self, fn: Callable, device: torch.device, sum_dtype: torch.dtype):
-        self.fn = fn
-        self.total = torch.zeros((), device=device, dtype=sum_dtype)
-        self.count = 0
-        self.seen = False
-
-    def update(self, preds: Any, labels: Any, n: int) -> None:
-        value = torch.as_tensor(self.fn(preds, labels))
-        self.total += value.detach().to(self.total.device, self.total.dtype) * n
-        self.count += n
-        self.seen = True
-
-    def value(self) -> torch.Tensor:
-        return self.total / max(self.count, 1)
-
-    def denominator(self) -> torch.Tensor:
-        return torch.tensor(float(self.count), device=self.total.device, dtype=self.total.dtype)
-
-    def reset(self) -> None:
-        self.total.zero_()
-        self.count = 0
-        self.seen = False
-
-    def state_dict(self) -> dict:
-        return {"total": self.total.clone(), "count": self.count, "seen": self.seen}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.total.copy_(state["total"])
-        self.count, self.seen = state["count"], state["seen"]
-
-
-class _WeightedMeter(_FunctionMeter):
-    """A ``weighted_metrics`` function: ``sum_i w_i * m_i / sum_i w_i`` over the epoch's samples, with
-    ``m_i`` the function's value per sample (or its batch value for every sample of the batch)."""
-
-    def __init__(self, fn: Callable, device: torch.device, sum_dtype: torch.dtype):
-        super().__init__(fn, device, sum_dtype)
-        self.weight_total = torch.zeros((), device=device, dtype=sum_dtype)
-
-    def update_weighted(self, preds: Any, labels: Any, n: int, weight: Optional[torch.Tensor]) -> None:
-        value = (
-            torch.as_tensor(self.fn(metric_friendly(preds), labels)).detach().to(self.total.device, self.total.dtype)
-        )
-        weight = (
-            torch.ones(n, device=self.total.device, dtype=self.total.dtype)
-            if weight is None
-            else weight.detach().reshape(-1).to(self.total.device, self.total.dtype)
-        )
-        self.total += (value.reshape(-1) * weight).sum() if value.numel() == n else value.reshape(()) * weight.sum()
-        self.weight_total += weight.sum()
-        self.count += n
-        self.seen = True
-
-    def value(self) -> torch.Tensor:
-        return self.total / self.weight_total.clamp_min(1e-30)
-
-    def denominator(self) -> torch.Tensor:
-        return self.weight_total
-
-    def reset(self) -> None:
-        super().reset()
-        self.weight_total.zero_()
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "weight_total": self.weight_total.clone()}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.weight_total.copy_(state["weight_total"])
 
 
 class EpochMeters:
@@ -344,8 +55,10 @@ class EpochMeters:
         weighted_metrics: Optional[dict] = None,
         values: Optional[Sequence[str]] = None,
         copies: Optional[MetricCopies] = None,
+        labels_at: Any = None,
     ):
         self.prefix = prefix
+        self.labels_at = labels_at  # where batches hold their labels: the rest are inputs, which are counted
         # The names a train_step of the user's own returns in a dict, each summed like the loss
         # (None: the usual loss, from (loss, preds, labels)).
         self.values = tuple(values) if values is not None else None
@@ -353,14 +66,14 @@ class EpochMeters:
         self.sum_dtype = exact_sum_dtype(device)
         copies = copies if copies is not None else MetricCopies(device)  # the run's, shared with its checks
         self.meters: dict[str, Any] = {
-            name: _StatefulMeter(m, copies, reduce_fn)
+            name: StatefulMeter(m, copies, reduce_fn)
             if is_stateful_metric(m)
-            else _FunctionMeter(m, device, self.sum_dtype)
+            else FunctionMeter(m, device, self.sum_dtype)
             for name, m in metrics_dict.items()
         }
         # Updated at once with each batch's weights (not batched with the others): see update.
         self.weighted = {
-            name: _WeightedMeter(fn, device, self.sum_dtype) for name, fn in (weighted_metrics or {}).items()
+            name: WeightedMeter(fn, device, self.sum_dtype) for name, fn in (weighted_metrics or {}).items()
         }
         self.reduce_fn = reduce_fn  # sums a tensor over processes; None in a single process
         self.loss_sum = torch.zeros((), device=device, dtype=self.sum_dtype)
@@ -371,7 +84,6 @@ class EpochMeters:
         self.value_sums = {name: torch.zeros((), device=device, dtype=self.sum_dtype) for name in self.values or ()}
         self.count = 0
         self._pending: list[tuple[Any, Any, int]] = []
-        self._adopted: set[str] = set()  # metrics whose copy holds the next batch already (see adopt)
 
     @property
     def names(self) -> list[str]:
@@ -381,25 +93,10 @@ class EpochMeters:
     def give_back_copies(self) -> None:
         """The run is over: the metrics' copies go back to the model's (:class:`MetricCopies`)."""
         for meter in self.meters.values():
-            if isinstance(meter, _StatefulMeter):
+            if isinstance(meter, StatefulMeter):
                 meter.give_back_copy()
 
-    def adopt(self, name: str, copied: Any) -> bool:
-        """Keep ``copied``, a copy of metric ``name`` that the first-batch check updated with the batch
-        this meter is about to get, as that metric's: the batch is not fed to it twice, and the check's
-        update is not made twice. Only at the start of an epoch that holds nothing yet (not in a
-        resumed one); False when not kept."""
-        meter = self.meters.get(name)
-        if not isinstance(meter, _StatefulMeter) or meter._metric is not None or self.count or self._pending:
-            return False
-        meter._metric, meter.seen = copied, True
-        if meter.reduce_fn is not None:
-            prepare_metric_for_processes(copied)
-        self._adopted.add(name)
-        return True
-
     def reset(self) -> None:
-        self._adopted.clear()
         self.loss_sum.zero_()
         self._losses.clear()
         for total in self.value_sums.values():
@@ -410,11 +107,12 @@ class EpochMeters:
             meter.reset()
 
     def update(
-        self, loss: Optional[torch.Tensor], preds: Any, labels: Any, n: int, weight: Optional[torch.Tensor] = None
+        self, loss: Optional[torch.Tensor], preds: Any, labels: Any, batch: Any, weight: Optional[torch.Tensor] = None
     ) -> None:
         """Add one batch. ``loss`` is the batch mean; ``preds`` may still be part of the graph (they are
-        detached here when a metric keeps them); ``weight`` the samples' weights (for ``weighted_metrics``
-        only). Nothing here waits for the device."""
+        detached here when a metric keeps them); ``batch`` is counted (:func:`samples_in`); ``weight`` the
+        samples' weights (for ``weighted_metrics`` only). Nothing here waits for the device."""
+        n = samples_in(labels, preds, batch, self.labels_at)
         if loss is not None:
             self._losses.append((loss.detach(), n))
             if len(self._losses) >= FLUSH_EVERY:
@@ -423,17 +121,10 @@ class EpochMeters:
         self.count += n
         if not (self.meters or self.weighted):
             return
-        preds = detach(preds)
+        preds = preds.detach() if isinstance(preds, torch.Tensor) else detach(preds)  # several outputs: each
         for weighted in self.weighted.values():
             weighted.update_weighted(preds, labels, n, weight)
         if not self.meters:
-            return
-        if self._adopted:  # the first batch, which the check's copies of these metrics hold already
-            adopted, self._adopted = self._adopted, set()
-            friendly = metric_friendly(preds)
-            for name, meter in self.meters.items():
-                if name not in adopted:
-                    meter.update(friendly, labels, n)
             return
         self._pending.append((preds, labels, n))
         if len(self._pending) >= FLUSH_EVERY or (
@@ -441,8 +132,9 @@ class EpochMeters:
         ):
             self._flush()
 
-    def update_values(self, values: dict, n: int) -> None:
+    def update_values(self, values: dict, batch: Any) -> None:
         """Add one batch of a ``train_step`` that returns named batch means; nothing here waits for the device."""
+        n = inputs_count(batch, self.labels_at)
         if values.keys() != self.value_sums.keys():
             raise ValueError(
                 f"train_step returned {', '.join(values)} on this batch but {', '.join(self.value_sums)} on the first; "
@@ -464,8 +156,8 @@ class EpochMeters:
         # alone, so its value does not depend on where the groups split (a read, a resumed run's start)
         # and is exact for one that is not a mean over samples (a spread, an F1). A stateful metric adds
         # its own states up, so it gets the group in as few updates as torch.cat allows.
-        functions = [meter for meter in self.meters.values() if isinstance(meter, _FunctionMeter)]
-        stateful = [meter for meter in self.meters.values() if not isinstance(meter, _FunctionMeter)]
+        functions = [meter for meter in self.meters.values() if isinstance(meter, FunctionMeter)]
+        stateful = [meter for meter in self.meters.values() if not isinstance(meter, FunctionMeter)]
         if functions:
             for preds, labels, n in pending:
                 friendly = metric_friendly(preds)
@@ -535,7 +227,7 @@ class EpochMeters:
         sums = [self.loss_total()] if self.values is None else list(self.value_sums.values())
         values = [*sums]
         for name, meter in (*self.meters.items(), *self.weighted.items()):
-            value = _stateful_value(meter, name) if isinstance(meter, _StatefulMeter) else meter.value()
+            value = stateful_value(meter, name) if isinstance(meter, StatefulMeter) else meter.value()
             values.append(value.detach().to(self.device, self.sum_dtype))
         floats = torch.stack(values).tolist()
         # The sums' means, taken on the host in float64: what the device would compute, with no kernels
@@ -548,7 +240,7 @@ class EpochMeters:
         summed in one collective, each stateful metric computed over every process's states."""
         sums = [self.loss_total()] if self.values is None else list(self.value_sums.values())
         count = torch.tensor(float(self.count), device=self.device, dtype=self.sum_dtype)
-        function_meters = {k: m for k, m in self.meters.items() if isinstance(m, _FunctionMeter)}
+        function_meters = {k: m for k, m in self.meters.items() if isinstance(m, FunctionMeter)}
         function_meters.update(self.weighted)
         parts = [*sums, count]
         for m in function_meters.values():
@@ -563,13 +255,43 @@ class EpochMeters:
         values = [total / count.clamp_min(1) for total in sums]
         for name, meter in (*self.meters.items(), *self.weighted.items()):
             value = (
-                _stateful_value(meter, name, synced=True)
-                if isinstance(meter, _StatefulMeter)
-                else function_values[name]
+                stateful_value(meter, name, synced=True) if isinstance(meter, StatefulMeter) else function_values[name]
             )
             values.append(value.detach().to(self.device, self.sum_dtype))
         floats = torch.stack(values).tolist()
         return dict(zip(self.names, floats))
+
+
+def meters_for_fit(
+    model: Any,
+    runtime: Any,
+    settings: Any,
+    outline: Any = None,
+) -> dict[str, EpochMeters]:
+    """The train and val meters; a train_step that returns named values gets them summed instead of
+    the loss and the metrics (which need predictions)."""
+    device = runtime.outputs_device
+    # Only several processes have anything to sum: alone, an epoch's read takes its means on the host.
+    reduce_sum = runtime.reduce_sum if runtime.num_processes > 1 else None
+    copies = metric_copies_for(model, device)  # the model's, shared with the first-batch checks
+    weighted = settings.weighted_metrics
+    labels_at = model.labels_at
+    val = EpochMeters("val", model.metrics_dict, device, reduce_sum, weighted, copies=copies, labels_at=labels_at)
+    if outline is not None and outline.values is not None:
+        train = EpochMeters("train", {}, device, reduce_sum, values=outline.values, labels_at=labels_at)
+        return {"train": train, "val": val}
+    train = EpochMeters("train", model.metrics_dict, device, reduce_sum, weighted, copies=copies, labels_at=labels_at)
+    return {"train": train, "val": val}
+
+
+def samples_in(labels: Any, preds: Any, batch: Any, labels_at: Any = None) -> int:
+    """How many samples a batch holds, which weighs its loss in the epoch's mean: the first dimension of
+    the labels, else of the outputs, else of the inputs (a list of images: its length). Labels that
+    are a list of a dict per image (a detector's boxes) are not counted by what they hold."""
+    for value in (labels, preds):
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return value.shape[0]
+    return inputs_count(batch, labels_at)
 
 
 def _sum_of(losses: list[tuple[torch.Tensor, int]], like: torch.Tensor) -> torch.Tensor:
@@ -582,13 +304,6 @@ def _sum_of(losses: list[tuple[torch.Tensor, int]], like: torch.Tensor) -> torch
     return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
 
 
-def _stateful_value(meter: _StatefulMeter, name: str, synced: bool = False) -> torch.Tensor:
-    synced = synced and meter.reduce_fn is not None
-    if not meter.seen and not synced:  # a synced read is a collective: every process takes part
-        return torch.tensor(math.nan)
-    return scalar_metric_value(meter.value(synced), name)
-
-
 def _to(value: Any, device: torch.device) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(device)
@@ -597,13 +312,6 @@ def _to(value: Any, device: torch.device) -> Any:
     if isinstance(value, dict):
         return {k: _to(v, device) for k, v in value.items()}
     return value
-
-
-def metric_friendly(preds: Any) -> Any:
-    # Half-precision outputs (16/bf16 mixed or true) go to metrics as float32, which all accept.
-    if isinstance(preds, torch.Tensor) and preds.dtype in (torch.float16, torch.bfloat16):
-        return preds.float()
-    return preds
 
 
 def _joined(pending: list[tuple[Any, Any, int]]) -> list[tuple[Any, Any, int]]:

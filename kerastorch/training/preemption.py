@@ -2,7 +2,8 @@
 instance ending), or a SIGUSR1 under SLURM (its ``--signal=USR1@seconds`` habit), ends the run like
 a checkpoint, not like a crash.
 
-From ``on_train_begin`` to ``on_train_end`` those signals only set a flag. The loop reads it after
+While ``fit`` runs (from before the trial of a ``train_step`` of the user's own to its return) those
+signals only set a flag. The loop reads it after
 each training batch (a Python attribute: no device sync, nothing else per step) and, at the first
 batch that ends an optimizer step (an accumulation group is finished first), writes the training
 state when one is kept (``fit(resume=True, ckpt_path=...)`` or
@@ -38,7 +39,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from ..callbacks.base import Callback
+from .callback import Callback
 
 # How often several processes compare their flags, in seconds between checks (the batches between
 # checks adapt to it).
@@ -75,7 +76,7 @@ class Preempted(BaseException):
 Preempted.__module__ = "kerastorch"  # where it is imported from (and pickled by name, between processes)
 
 
-def signals_watched() -> list[signal.Signals]:
+def preemption_signals() -> list[signal.Signals]:
     """SIGTERM, and SIGUSR1 when the process runs in a SLURM job."""
     watched = [signal.SIGTERM]
     if os.environ.get("SLURM_JOB_ID") and hasattr(signal, "SIGUSR1"):
@@ -90,8 +91,7 @@ class Preemption(Callback):
     calls :meth:`stop`. A training state registers itself with :meth:`keep_state_with`.
     """
 
-    # Last: its handlers are installed only once every other callback began without an error (a
-    # failing on_train_begin means no on_train_end, which puts the caller's handlers back).
+    # Last: the processes agree on a stop after every other callback's batch end.
     order = 120
 
     def __init__(self, runtime: Any):
@@ -100,21 +100,22 @@ class Preemption(Callback):
         self.signal_code = 0  # this process's signal: 0 (none), SIGTERM_CODE or SIGUSR1_CODE
         self.agreed_code = 0  # the processes' agreed signal
         self.state: Any = None  # the training state that writes itself before the stop
-        self._previous: dict[signal.Signals, Any] = {}
 
     # -- handlers -------------------------------------------------------------------------------
 
-    def on_train_begin(self, logs: Optional[dict] = None) -> None:
-        self.requested, self.signal_code, self.agreed_code = False, 0, 0
+    @contextlib.contextmanager
+    def signals_watched(self) -> Iterator[None]:
+        """The preemption signals set this watch's flag inside the block; the caller's handlers come
+        back after it (outside the main thread, where Python sets no handlers, nothing changes)."""
         if threading.current_thread() is not threading.main_thread():
-            return  # Python sets signal handlers in the main thread only
-        for signum in signals_watched():
-            self._previous[signum] = signal.signal(signum, self._on_signal)
-
-    def on_train_end(self, logs: Optional[dict] = None) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        self._previous.clear()
+            yield
+            return
+        previous = {signum: signal.signal(signum, self._on_signal) for signum in preemption_signals()}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.signal_code = max(self.signal_code, signal_code(signum))
@@ -166,14 +167,12 @@ class SharedPreemption(Preemption):
         self._interval, self._since_check, self._last_check = 1, 0, 0.0
 
     def on_train_begin(self, logs: Optional[dict] = None) -> None:
-        super().on_train_begin(logs)
         self._work, self._interval, self._since_check = None, 1, 0
         self._last_check = time.monotonic()
         if self.group is None:  # every process creates it, at the same point
             self.group = torch.distributed.new_group(backend="gloo")
 
     def on_train_end(self, logs: Optional[dict] = None) -> None:
-        super().on_train_end(logs)
         if self._work is None and self.group is not None:  # never in the middle of an exchange
             torch.distributed.destroy_process_group(self.group)
             self.group = None
@@ -250,7 +249,7 @@ def requeue_slurm_job() -> str:
 def signals_passed_to_workers() -> Iterator[None]:
     """While ``fit(devices=k)`` waits for the worker processes it forked: a SIGUSR1 (under SLURM) is
     passed on to them, so that they stop as preempted. (A SIGTERM is passed on by torch's launcher.)"""
-    watched = [s for s in signals_watched() if s != signal.SIGTERM]
+    watched = [s for s in preemption_signals() if s != signal.SIGTERM]
     if not watched or threading.current_thread() is not threading.main_thread():
         yield
         return

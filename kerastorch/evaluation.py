@@ -3,7 +3,9 @@
 Both take Keras's keywords (checked at the door, :mod:`kerastorch.arguments`): ``steps`` runs the
 first n batches (and, without ``batch_size``, sizes the batches kerastorch makes so that n cover
 the data, as Keras does), ``callbacks`` get the test hooks (``evaluate``) or the predict hooks
-(``predict``) in Keras's order, ``evaluate(return_dict=False)`` gives Keras's list.
+(``predict``) in Keras's order, ``evaluate(return_dict=False)`` gives Keras's list. The loops are
+:mod:`kerastorch.training.eval_loop`'s; a torchkeras program's StepRunner evaluates as it does in
+its own library.
 """
 
 from __future__ import annotations
@@ -12,20 +14,21 @@ from typing import Any
 
 from tqdm.std import tqdm as text_tqdm
 
-from ..callbacks.callback_list import CallbackList
-from ..callbacks.progress import ProgressBar
-from ..compat.runners import RunnerEpochs, program_runners
-from ..data.arrays import is_flat_group
-from ..data.forms import EvalData, eval_loader
-from ..data.loaders import FirstBatches, what_batches_hold
-from ..data.peek import num_batches
-from ..devices.runtime import runtime_for_net
-from ..settings import EvaluateSettings, PredictSettings
-from ..tools.notebook import output_style
-from .loop import evaluate_epoch, predict_outputs
-from .meters import EpochMeters, metric_copies_for
-from .parts import check_loss_fn
-from .protocols import TrainableModel
+from .callbacks.progress import ProgressBar
+from .compat.runners import RunnerEpochs, program_runners
+from .data.arrays import is_flat_group
+from .data.forms import EvalData, eval_loader
+from .data.loaders import FirstBatches, what_batches_hold
+from .data.peek import num_batches
+from .devices.runtime import runtime_for_net
+from .helpers.notebook import output_style
+from .helpers.protocols import TrainableModel
+from .settings import EvaluateSettings, PredictSettings
+from .training.callback_list import CallbackList
+from .training.eval_loop import evaluate_epoch, predict_outputs
+from .training.meters import EpochMeters
+from .training.metric_meters import metric_copies_for
+from .training.model_checks import check_loss_fn
 
 PROGRESS_DELAY_S = 2.0  # predict shows a bar once it has taken this long
 
@@ -42,12 +45,11 @@ def evaluate(model: TrainableModel, given: EvalData, settings: EvaluateSettings)
         needs_labels=True,
         sample_weight=given.sample_weight,
         steps=settings.steps,
-        by_index=runners is None,  # a program's runner gets the very loader it was given
     )
     if settings.steps is not None:
         data = FirstBatches(data, settings.steps)
     if runners is None:
-        check_loss_fn(model)  # type: ignore[arg-type]
+        check_loss_fn(model)
     runtime = runtime_for_net(model.net)
     runtime = runtime.strategy.runtime_for(runtime, model, data)
     model.start_reading(

@@ -14,33 +14,69 @@ from typing import Any, Optional
 
 import torch
 
-from ..compat.runners import check_runner_fit, program_runners
 from ..data.peek import num_batches
 from ..settings import FitSettings
-from ..training.parts import check_loss_fn
+from .callback import logs_added_by
+from .schedulers import (
+    check_monitor_is_there_for_the_scheduler,
+    check_planned_steps,
+    check_plateau_mode,
+    try_scheduler,
+)
 
 
-def check_model_for_fit(model: Any, train_loader: Any, settings: FitSettings, sample_weight: Any = None) -> None:
-    """Everything about the model that can be checked without running the net.
+def check_model_parts(net: Any, loss_fn: Any, lr_scheduler: Any, lr_scheduler_interval: Any) -> None:
+    """What KerasModel and LightModel refuse at construction."""
+    if not isinstance(net, torch.nn.Module):
+        raise TypeError(f"net must be a torch.nn.Module; got a {type(net).__name__}.")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable, like nn.CrossEntropyLoss(); got a {type(loss_fn).__name__}.")
+    if lr_scheduler_interval not in ("epoch", "step"):
+        raise ValueError(f"lr_scheduler_interval={lr_scheduler_interval!r}; use 'epoch' or 'step'.")
+    if lr_scheduler_interval == "step" and isinstance(lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise ValueError("ReduceLROnPlateau needs an epoch's monitored value; use lr_scheduler_interval='epoch'.")
 
-    With a program's own step class (:mod:`kerastorch.compat.runners`), the loss and the step are
-    the program's: what fit's own step would add is refused instead."""
+
+def check_loss_fn(model: Any, net_may_compute_it: bool = True) -> None:
+    """A loss object, not its class. No loss at all is fine when the net may compute its own (found on
+    the first batch), or a custom ``forward_batch`` or ``train_step`` needs none."""
+    if isinstance(model.loss_fn, type):
+        name = model.loss_fn.__name__
+        raise TypeError(
+            f"loss_fn is the class {name}, not a loss. Pass an instance: loss_fn=nn.{name}() (note the brackets)."
+        )
+    if model.loss_fn is None and not net_may_compute_it and model.uses_default_forward_batch:
+        kind = type(model).__name__
+        raise ValueError(
+            f"{kind} has no loss_fn. Pass one, e.g. {kind}(net, loss_fn=nn.CrossEntropyLoss()), "
+            "or override forward_batch to compute the loss yourself."
+        )
+
+
+def check_model_for_fit(model: Any, train_loader: Any) -> None:
+    """Everything about the model that can be checked without running the net, whichever step trains it
+    (fit's own, or a torchkeras program's: see :func:`check_fits_own_step` for what only fit's own needs)."""
     if not torch.is_grad_enabled():
         raise RuntimeError(
             "Gradients are switched off here (torch.set_grad_enabled(False), or fit called inside a "
             "torch.no_grad() block), so fit cannot train. Call torch.set_grad_enabled(True) first, or move the "
             "fit call out of the no_grad block."
         )
-    runners = program_runners(model)
-    if runners is None:
-        check_loss_fn(model)
-    else:
-        check_runner_fit(model, settings, sample_weight)
     check_optimizer(model)
     check_lr_scheduler(model)
-    if runners is None:  # a program's runner steps the scheduler itself, after every batch
-        warn_if_scheduler_looks_per_batch(model, settings)
     check_no_single_sample_batch(model.net, train_loader)
+
+
+def check_fits_own_step(model: Any, train_loader: Any, num_processes: int, settings: FitSettings) -> None:
+    """What fit's own step needs: a loss, and a scheduler that takes fit's calls, sized for the steps
+    fit makes (a torchkeras program's runner computes its loss and steps its scheduler itself)."""
+    check_loss_fn(model)
+    warn_if_scheduler_looks_per_batch(model, settings)
+    watch, scheduler = settings.monitoring, model.lr_scheduler
+    check_plateau_mode(scheduler, watch.monitor, watch.mode)
+    check_monitor_is_there_for_the_scheduler(scheduler, watch.monitor, logs_added_by(settings.callbacks))
+    check_planned_steps(scheduler, train_loader, num_processes, settings)
+    try_scheduler(model, settings.step.scheduler_interval, watch.monitor)
 
 
 def check_optimizer(model) -> None:

@@ -33,8 +33,6 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from ..devices.cuda import mps_available
-
 # Where a loader keeps what decides its data order: the loader itself, its sampler and
 # batch sampler, and the loaders and samplers that wrappers (accelerate's prepared
 # loaders, a loader that calls DistributedSampler.set_epoch) hold inside.
@@ -129,7 +127,7 @@ def data_generators(loader: Any) -> list[Any]:
         elif isinstance(obj, dict):
             children = list(obj.values()) if len(obj) <= _SEARCH_WIDTH else []
         else:
-            children = list(getattr(obj, "__dict__", {}).values())
+            children = list(vars(obj).values()) if hasattr(obj, "__dict__") else []
         for child in children:
             walk(child, depth_left - 1)
 
@@ -196,7 +194,7 @@ def capture_rng_state(loaders: Iterable[Any] = ()) -> dict:
         "numpy": _numpy_global_state(),
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "mps": torch.mps.get_rng_state() if mps_available() else None,
+        "mps": torch.mps.get_rng_state() if torch.backends.mps.is_available() else None,
         "data_order": [[g.get_state() for g in data_order_generators(loader)] for loader in loaders],
         "data_counters": [data_order_counters(loader) for loader in loaders],
         "data_generators": [[generator_state(g) for g in data_generators(loader)] for loader in loaders],
@@ -219,7 +217,7 @@ def restore_rng_state(state: dict, loaders: Iterable[Any] = ()) -> None:
                 "so dropout on the GPU will not repeat the saved run exactly.",
                 stacklevel=2,
             )
-    if state.get("mps") is not None and mps_available():
+    if state.get("mps") is not None and torch.backends.mps.is_available():
         torch.mps.set_rng_state(state["mps"])
     loaders = list(loaders)
     for loader, counters in zip(loaders, state.get("data_counters", [])):

@@ -1,4 +1,4 @@
-"""Checks of single values, shared by the door (fit's keywords) and by the callbacks' own arguments,
+"""Checks of single values, shared by the settings' builders (fit's keywords) and by the callbacks' own arguments,
 each raising an error that says what was wrong and what to pass.
 
 >>> check_whole_number("epochs", 3, minimum=0), check_flag("shuffle", True)
@@ -39,6 +39,41 @@ def check_verbose(verbose: Any, hint: str = "") -> int:
     return int(verbose)
 
 
+def check_verbose_level(verbose: Any) -> int:
+    """Keras's ``verbose`` for ``fit``, ``evaluate`` and ``predict``: 0, 1 or 2 (True and False too)."""
+    if verbose not in (0, 1, 2, False, True):
+        raise ValueError(f"verbose={verbose!r}; use 0 (silent), 1 (progress bars) or 2 (one line per epoch).")
+    return int(verbose)
+
+
+def check_batch_size(name: str, size: Any) -> Any:
+    """A number of samples per batch, or None for the default (32, or sized from the steps)."""
+    if size is not None and (not isinstance(size, int) or size < 1 or isinstance(size, bool)):
+        raise ValueError(f"{name}={size!r}; use a whole number of samples >= 1, e.g. 32.")
+    return size
+
+
+def check_steps(name: str, steps: Any) -> Any:
+    """Keras's ``steps_per_epoch``, ``validation_steps`` and ``steps``: a number of batches, or None for
+    a whole pass."""
+    if steps is not None:
+        check_whole_number(name, steps, minimum=1, hint=" (or None for a whole pass over the data)")
+    return steps
+
+
+MODES = ("min", "max")
+
+
+def check_mode(mode: Any) -> str:
+    """``"min"``, ``"max"`` or ``"auto"``: which way a monitored value is better."""
+    if mode not in (*MODES, "auto"):
+        raise ValueError(
+            f"mode={mode!r} is not supported; use 'min' (lower is better, e.g. a loss), 'max' (e.g. accuracy), or "
+            "'auto' (from the monitored name)."
+        )
+    return mode
+
+
 def check_flag(name: str, value: Any, error: type[Exception] = ValueError) -> bool:
     """True or False, nothing else."""
     if not isinstance(value, bool):
@@ -46,4 +81,14 @@ def check_flag(name: str, value: Any, error: type[Exception] = ValueError) -> bo
     return value
 
 
-__all__ = ["check_flag", "check_real_number", "check_verbose", "check_whole_number"]
+__all__ = [
+    "check_batch_size",
+    "MODES",
+    "check_flag",
+    "check_mode",
+    "check_real_number",
+    "check_steps",
+    "check_verbose",
+    "check_verbose_level",
+    "check_whole_number",
+]

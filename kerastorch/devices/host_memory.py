@@ -21,7 +21,7 @@ from typing import Any, Optional
 import psutil
 import torch
 
-from ..devices.cgroups import cgroup_free_memory
+from .cgroups import cgroup_free_memory
 
 # The most of the free host memory a copy for a write beside training may take.
 SHARE_OF_FREE_MEMORY = 0.5
