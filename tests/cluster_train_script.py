@@ -54,7 +54,7 @@ def fit_and_record(
 ) -> None:
     """Train on the CPU and write ``rank{rank}.json``: what this rank saw, trained and got (and ``also``)."""
     cluster = kt.cluster_environment()
-    dl_train, dl_val = digits_loaders(batch_size=64, size=8)
+    dl_train, dl_val, _ = digits_loaders(batch_size=64, size=8)
     begun = EpochsBegun()
     fit_options["callbacks"] = [begun, *fit_options.get("callbacks", [])]
     printed = io.StringIO()

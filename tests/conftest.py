@@ -27,8 +27,8 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def digits8():
-    """(train, val) TensorDatasets of flattened 8x8 digits: 1348 and 449 samples."""
-    ds_train, ds_val = digits_datasets(size=8, seed=0)
+    """(train, val) TensorDatasets of flattened 8x8 digits: 1348 and 449 samples (no test part)."""
+    ds_train, ds_val, _ = digits_datasets(size=8, seed=0, val_fraction=0.25, test_fraction=0.0)
     flat = lambda ds: TensorDataset(ds.tensors[0].flatten(1), ds.tensors[1])
     return flat(ds_train), flat(ds_val)
 

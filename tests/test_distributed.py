@@ -98,7 +98,7 @@ def small_mlp() -> nn.Module:
 
 @pytest.fixture(scope="module")
 def digits():
-    ds_train, ds_val = digits_datasets(size=8)
+    ds_train, ds_val, _ = digits_datasets(size=8)
     # 101 validation samples in batches of 16: 7 batches, 4 for one process and 3 for the other,
     # the last one short. Any padding or double counting would change the values.
     return DataLoader(ds_train, batch_size=64, shuffle=True), DataLoader(Subset(ds_val, range(101)), batch_size=16)
@@ -149,7 +149,7 @@ def test_a_validation_loader_that_drops_its_last_batch_is_validated_on_every_who
     # 117 samples in batches of 16 with drop_last=True: 7 whole batches, which one process
     # validates. Two processes must too: accelerate would also drop the 7th, which has no partner.
     dl_train, _ = digits
-    _, ds_val = digits_datasets(size=8)
+    _, ds_val, _ = digits_datasets(size=8)
     dl_val = DataLoader(Subset(ds_val, range(117)), batch_size=16, drop_last=True)
     torch.manual_seed(0)
     net = small_mlp()
@@ -226,7 +226,7 @@ NOTEBOOK_CELLS = [
 from torch import nn
 import kerastorch as kt
 from kerastorch.examples import digits_loaders
-dl_train, dl_val = digits_loaders(batch_size=64, size=8)
+dl_train, dl_val, _ = digits_loaders(batch_size=64, size=8)
 torch.manual_seed(0)
 net = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))  # defined in a cell: never pickled
 initial = [p.clone() for p in net.parameters()]

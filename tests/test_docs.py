@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -50,6 +51,15 @@ def test_the_site_builds_strictly_with_every_public_name(tmp_path):
     assert (site / "notebooks" / "01_quick_start" / "index.html").exists()  # the tutorials, with outputs
     assert "★ best" in (site / "notebooks" / "01_quick_start" / "index.html").read_text()
     assert "Coming from" in (site / "coming-from" / "index.html").read_text()
+    # The menu: the first tutorial right after Home, the other tutorials above Performance, titles
+    # as nav gives them (a notebook's heading with code in it would lose its words there).
+    glossary = (site / "glossary" / "index.html").read_text()  # a page without sections: the menu alone
+    menu = re.findall(r'class="md-nav__link[^"]*"[^>]*>\s*(?:<span[^>]*>)?\s*([^<]+?)\s*<', glossary)
+    menu = list(dict.fromkeys(menu))  # each title once, in order
+    assert menu.index("Tutorial 01: start here") == menu.index("Home") + 1
+    assert menu.index("Tutorial 06: doctor and interpret") < menu.index("Performance")
+    assert menu.index("Performance") < menu.index("How kerastorch works")
+    assert "stylesheets/extra.css" in glossary
 
 
 def test_a_broken_reference_fails_the_strict_build(tmp_path):

@@ -56,7 +56,7 @@ class RecordShards(kt.Callback):
 
 @pytest.fixture(scope="module")
 def digits():
-    ds_train, ds_val = digits_datasets(size=8)
+    ds_train, ds_val, _ = digits_datasets(size=8)
     # 101 validation samples in batches of 16: 4 batches for one process, 3 for the other.
     return DataLoader(ds_train, batch_size=64, shuffle=True), DataLoader(Subset(ds_val, range(101)), batch_size=16)
 

@@ -16,7 +16,7 @@ from kerastorch.examples import digits_datasets
 
 @pytest.fixture(scope="module")
 def trained():
-    ds_train, ds_val = digits_datasets(size=8, seed=0)
+    ds_train, ds_val, _ = digits_datasets(size=8, seed=0)
     x, y = ds_train.tensors[0].flatten(1), ds_train.tensors[1]
     xv, yv = ds_val.tensors[0].flatten(1), ds_val.tensors[1]
     torch.manual_seed(0)

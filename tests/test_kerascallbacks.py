@@ -17,7 +17,7 @@ from kerastorch.kerascallbacks import EpochCheckpoint, TensorBoardCallback, VisD
 
 @pytest.fixture(scope="module")
 def loaders():
-    return digits_loaders(batch_size=64, size=8)
+    return digits_loaders(batch_size=64, size=8)[:2]  # train and validation
 
 
 def make_model():

@@ -54,7 +54,7 @@ def trained(tmp_path_factory, one_thread):
     from kerastorch.examples import create_cnn, digits_loaders
 
     kt.seed_everything(0)
-    dl_train, dl_val = digits_loaders()
+    dl_train, dl_val, _ = digits_loaders(val_fraction=0.25, test_fraction=0.0)  # 449 validation digits
     net = create_cnn()
     model = kt.LightModel(
         net,
@@ -162,7 +162,7 @@ DDP_VALIDATE = textwrap.dedent("""
     torch.set_num_threads(1)
     net = create_cnn()
     net.load_state_dict(torch.load(out_dir + "/net.pt", weights_only=True))
-    dl_val = DataLoader(Subset(digits_datasets()[1], range(448)), batch_size=64)
+    dl_val = DataLoader(Subset(digits_datasets(val_fraction=0.25, test_fraction=0.0)[1], range(448)), batch_size=64)
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", default_root_dir=out_dir, logger=False,
                          enable_progress_bar=False, enable_model_summary=False)
     [logs] = trainer.validate(kt.LightModel(net, nn.CrossEntropyLoss(), digit_metrics()), dl_val, verbose=False)
@@ -189,7 +189,8 @@ def test_values_are_synced_over_two_gloo_processes(tmp_path):
     kt.seed_everything(0)
     net = create_cnn()
     torch.save(net.state_dict(), tmp_path / "net.pt")
-    val_set = Subset(digits_datasets()[1], range(448))  # even, so the sampler pads nothing
+    held_out = digits_datasets(val_fraction=0.25, test_fraction=0.0)[1]  # 449 digits
+    val_set = Subset(held_out, range(448))  # even, so the sampler pads nothing
     exact = kt.KerasModel(net, nn.CrossEntropyLoss(), digit_metrics()).evaluate(
         DataLoader(val_set, batch_size=64), quiet=True
     )
@@ -303,7 +304,7 @@ def test_trains_on_one_gpu_with_mixed_precision(tmp_path):
     from kerastorch.examples import create_cnn, digits_loaders
 
     kt.seed_everything(0)
-    dl_train, dl_val = digits_loaders()
+    dl_train, dl_val, _ = digits_loaders()
     net = create_cnn()
     model = kt.LightModel(net, nn.CrossEntropyLoss(), digit_metrics(), torch.optim.Adam(net.parameters(), lr=1e-2))
     trainer = pl.Trainer(

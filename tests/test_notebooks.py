@@ -124,14 +124,14 @@ def test_quick_start_draws_one_live_plot_and_one_progress_with_every_epoch_reada
     assert mime_types(fit_cell).count("image/png") == 1
     (progress,) = progress_outputs(fit_cell)
     assert len(outputs_of(fit_cell)) <= 5
-    (history_cell,) = [cell for cell in notebook.cells if cell.cell_type == "code" and cell.source == "dfhistory"]
+    (history_cell,) = [cell for cell in notebook.cells if cell.cell_type == "code" and cell.source == "history"]
     table = history_cell.outputs[0]["data"]["text/plain"].splitlines()
     header, rows = table[0].split(), [line.split() for line in table[1:]]
     text = progress["data"]["text/plain"]
     # Each epoch's line holds every value in full, the monitored val_acc marked when it improved.
     for row in rows:
         values = dict(zip(header, row[1:]))
-        (line,) = [line for line in text.splitlines() if line.startswith(f"Epoch {values['epoch']}/8 (")]
+        (line,) = [line for line in text.splitlines() if line.startswith(f"Epoch {values['epoch']}/10 (")]
         shown = dict(item.split("=") for item in line.split(": ", 1)[1].replace(" ★ best", "").split(", "))
         for name in ("train_loss", "train_acc", "val_loss", "val_acc"):
             assert float(shown[name]) == pytest.approx(float(values[name]), rel=1e-3), (name, line)
@@ -140,9 +140,25 @@ def test_quick_start_draws_one_live_plot_and_one_progress_with_every_epoch_reada
     # The last line names the weights the net ends with.
     assert "Restored the weights of epoch" in printed(fit_cell, "stdout")
     # The static plots render as images too: pandas' plot and kt.plot_history.
-    for source in ("dfhistory.plot(", "kt.plot_history("):
+    for source in ("history.plot(", "kt.plot_history("):
         (cell,) = code_cells_with(notebook, source)
         assert "image/png" in mime_types(cell)
+
+
+def test_quick_start_trains_as_the_readme_does_and_scores_the_test_digits_once():
+    readme = (REPO_ROOT / "README.md").read_text()
+    first_fit = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    notebook = nbformat.read(NOTEBOOKS[0], as_version=4)
+    code = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
+    model_lines = first_fit[first_fit.index("model = kt.KerasModel(") :]
+    for line in model_lines.splitlines() + first_fit.splitlines()[:6]:  # the imports, the seed, the model, fit
+        if line.strip():
+            assert line in code, f"notebook 01 does not share the README's line {line!r}"
+    assert "dl_train, dl_val, dl_test = digits_loaders()" in code
+    scored = [cell for cell in notebook.cells if cell.cell_type == "code" and "(dl_test)" in cell.source]
+    fit_cell = next(cell for cell in notebook.cells if cell.cell_type == "code" and ".fit(dl_train" in cell.source)
+    assert len(scored) == 1 and notebook.cells.index(scored[0]) > notebook.cells.index(fit_cell)
+    assert "test accuracy on 224 digits" in printed(scored[0], "stdout")
 
 
 def test_callbacks_tutorial_writes_its_files_in_a_fresh_folder_so_it_can_run_twice():

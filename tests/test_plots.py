@@ -89,7 +89,7 @@ def small_model():
 
 
 def test_live_plot_outside_jupyter_rewrites_one_png_and_prints_its_path_once(tmp_path, capsys):
-    dl_train, dl_val = digits_loaders(size=8)
+    dl_train, dl_val, _ = digits_loaders(size=8)
     live = kt.callbacks.LivePlot(monitor="val_acc", mode="max", path=str(tmp_path / "plots" / "run.png"))
     dfhistory = small_model().fit(
         dl_train, dl_val, epochs=3, patience=None, monitor="val_acc", mode="max", callbacks=[live], verbose=0
@@ -109,7 +109,7 @@ def test_live_plot_refuses_unknown_metrics_before_training(tmp_path):
     before = [p.detach().clone() for p in model.net.parameters()]
     with pytest.raises(ValueError, match=r"\['val_f1'\] will not be logged; this model logs \['loss', 'acc', 'top3'\]"):
         model.fit(
-            *digits_loaders(size=8),
+            *digits_loaders(size=8)[:2],
             epochs=1,
             verbose=0,
             callbacks=[kt.callbacks.LivePlot(metrics=["loss", "val_f1"], path=str(tmp_path / "run.png"))],
@@ -128,7 +128,7 @@ def test_fit_plot_true_in_a_script_never_imports_pyplot_and_logs_one_line_per_ep
         import kerastorch as kt
         from kerastorch.examples import digits_loaders
 
-        dl_train, dl_val = digits_loaders(size=8)
+        dl_train, dl_val, _ = digits_loaders(size=8)
         net = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
         model = kt.KerasModel(net, loss_fn=nn.CrossEntropyLoss())
         model.fit(dl_train, dl_val, epochs=3, patience=None, plot=True)

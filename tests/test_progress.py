@@ -24,7 +24,7 @@ from kerastorch.training.meters import EpochMeters
 
 @pytest.fixture(scope="module")
 def loaders():
-    return digits_loaders(batch_size=64, size=8)  # 22 training steps per epoch
+    return digits_loaders(batch_size=64, size=8)[:2]  # 22 training steps per epoch
 
 
 def small_model():

@@ -14,7 +14,7 @@ from kerastorch.examples import create_cnn, digits_loaders
 def test_torchkeras_example_flow(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     torch.manual_seed(0)
-    dl_train, dl_val = digits_loaders(batch_size=64)
+    dl_train, dl_val, _ = digits_loaders(batch_size=64)
     net = create_cnn()
     features, _ = next(iter(dl_train))
     table = summary(net, input_data=features)

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow  # importing mlflow alone takes seconds
 
 @pytest.fixture(scope="module")
 def loaders():
-    return digits_loaders(batch_size=64, size=8)
+    return digits_loaders(batch_size=64, size=8)[:2]  # train and validation
 
 
 def make_model(lr=1e-2):

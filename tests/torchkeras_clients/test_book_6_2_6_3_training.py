@@ -22,7 +22,7 @@ def mnist_like(tmp_path, monkeypatch):
     """The chapters' dl_train / dl_val, on local digits of MNIST's shape."""
     monkeypatch.chdir(tmp_path)
     torch.manual_seed(0)
-    ds_train, ds_val = digits_datasets(size=28)
+    ds_train, ds_val, _ = digits_datasets(size=28)
     dl_train = torch.utils.data.DataLoader(ds_train, batch_size=128, shuffle=True, num_workers=2)
     dl_val = torch.utils.data.DataLoader(ds_val, batch_size=128, shuffle=False, num_workers=2)
     return dl_train, dl_val

@@ -33,7 +33,7 @@ def test_a_3_keras_model_on_the_device_the_machine_has(tmp_path, monkeypatch, ca
     # 一，准备数据
     # ================================================================================
 
-    ds_train, ds_val = digits_datasets(size=28)  # upstream: torchvision.datasets.MNIST(root="mnist/", ...)
+    ds_train, ds_val, _ = digits_datasets(size=28)  # upstream: torchvision.datasets.MNIST(root="mnist/", ...)
     dl_train = torch.utils.data.DataLoader(ds_train, batch_size=128, shuffle=True, num_workers=0)  # upstream: 2
     dl_val = torch.utils.data.DataLoader(ds_val, batch_size=128, shuffle=False, num_workers=0)  # upstream: 2
 

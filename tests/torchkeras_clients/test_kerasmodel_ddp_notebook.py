@@ -50,7 +50,7 @@ def restarted_kernel(tmp_path, monkeypatch):
 
 
 def create_dataloaders(batch_size=1024):
-    ds_train, ds_val = digits_datasets(size=28)  # upstream: torchvision.datasets.MNIST(root="./minist/", ...) twice
+    ds_train, ds_val, _ = digits_datasets(size=28)  # upstream: torchvision.datasets.MNIST(root="./minist/", ...) twice
 
     dl_train = torch.utils.data.DataLoader(
         ds_train,

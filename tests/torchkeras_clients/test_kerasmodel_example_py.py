@@ -35,7 +35,7 @@ def test_kerasmodel_example_py(tmp_path, monkeypatch, capsys):
     # ### 1, prepare data
     from kerastorch.examples import digits_datasets  # upstream: import torchvision; from torchvision import transforms
 
-    ds_train, ds_val = digits_datasets(size=28)  # upstream: torchvision.datasets.MNIST(root="mnist/", ...) twice
+    ds_train, ds_val, _ = digits_datasets(size=28)  # upstream: torchvision.datasets.MNIST(root="mnist/", ...) twice
     ds_train = torch.utils.data.Subset(ds_train, range(0, len(ds_train), 1))  # upstream: step 20 (60000 -> 3000)
     ds_val = torch.utils.data.Subset(ds_val, range(0, len(ds_val), 1))  # upstream: step 20 (10000 -> 500)
     dl_train = torch.utils.data.DataLoader(ds_train, batch_size=128, shuffle=True, num_workers=0)
