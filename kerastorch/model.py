@@ -256,6 +256,7 @@ class KerasModel(ModuleLike, ModelParts):
         self.runtime: Optional[Runtime] = None
         self.fit_step: Optional[loop.FitStep] = None  # set while fit trains
         self.run_id: Optional[str] = None  # the Weights & Biases run's id, once a WandbLogger started one
+        self.fit_report: Optional[Diagnosis] = None  # the last fit's report: model.diagnose()
         # The last fit's choices, read back by programs (model.ckpt_path, model.mode).
         self.ckpt_path: Optional[Union[str, os.PathLike]] = None
         self.monitor: Optional[str] = None
@@ -424,6 +425,7 @@ class KerasModel(ModuleLike, ModelParts):
     def _fit(self, data: Any, settings: Any, lr_schedule: Any = None) -> pd.DataFrame:
         watch = settings.monitoring
         self.ckpt_path, self.monitor, self.mode = watch.ckpt_path, watch.monitor, watch.mode
+        self.fit_report = None  # a fit that fails leaves no report of an earlier one behind
         self.history = run.fit(self, data, settings, lr_schedule)
         return self.history
 
@@ -681,6 +683,31 @@ class KerasModel(ModuleLike, ModelParts):
         return evaluation.predict(self, given, settings)
 
     # -- diagnosis and interpretation ----------------------------------------------------
+
+    def diagnose(self) -> Diagnosis:
+        """The last fit's report: what the curves say (:mod:`kerastorch.tools.diagnosis`).
+
+        ``fit`` prints it when it ends, when there is something to say (``verbose >= 1``). Its
+        ``findings`` are :class:`~kerastorch.Finding` objects (``kind``, ``epochs``, ``message``,
+        ``evidence``); its ``timing`` has one row per epoch: ``epoch``, ``seconds`` (the epoch's
+        training pass) and ``data_wait_fraction`` (the share of them spent waiting for the next batch).
+        Printing it gives the lines fit printed (nothing for a healthy run). After Ctrl-C, fit keeps
+        the report without printing it; a fit that raises (a preemption too) leaves none.
+
+        Example::
+
+            model.fit(dl_train, dl_val, epochs=20)
+            report = model.diagnose()
+            report.kinds          # e.g. ['overfitting']
+            report.timing         # seconds and data_wait_fraction, per epoch
+        """
+        if self.fit_report is None:
+            raise RuntimeError(
+                "model.diagnose() reads the report of the last fit, and this model has none: it has not been "
+                "fit yet, or its last fit stopped with an error. Call model.fit(...) first; for a history you "
+                "have, kt.diagnose(history) reads its curves."
+            )
+        return self.fit_report
 
     def doctor(
         self,

@@ -1,5 +1,7 @@
 """What the curves say: each kind of finding on a real run built to show it, none on a healthy run,
-the rules' edges on hand-built histories, and validation samples found in the training data."""
+the rules' edges on hand-built histories, validation samples found in the training data, and the
+report fit prints at its end and keeps for model.diagnose(): the epochs' timing, a divergence traced
+to its batch and module."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import io
 import math
 import re
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 import pandas as pd
@@ -20,13 +23,18 @@ import kerastorch as kt
 from helpers import accuracy
 from kerastorch.data.forms import FitData, prepare_data
 from kerastorch.data.overlap import count_overlap, row_hashes
-from kerastorch.tools import diagnosis
+from kerastorch.tools import diagnosis, fit_report
 from kerastorch.tools.diagnosis import Divergence
 
 
 def fitted(net, optimizer, train, val=None, **fit_args):
+    """The history of a silent fit, whose own report finds what kt.diagnose finds in that history (a
+    divergence's finding says more in the run's report: where the run traced it)."""
     model = kt.KerasModel(net, nn.CrossEntropyLoss(), {"acc": accuracy}, optimizer)
-    return model.fit(*train, validation_data=val, verbose=0, **fit_args)
+    history = model.fit(*train, validation_data=val, verbose=0, **fit_args)
+    said = [(f.kind, f.epochs) for f in model.diagnose().findings]
+    assert said == [(f.kind, f.epochs) for f in kt.diagnose(history).findings]
+    return history
 
 
 def digits_net(seed=0):
@@ -186,6 +194,10 @@ def test_without_validation_the_rules_read_the_training_loss():
 def test_not_converged_needs_the_validation_loss_at_its_lowest_too():
     assert kt.diagnose(history([2.0, 1.2, 0.8], [1.5, 1.0, 0.9])).kinds == ["not_converged"]
     assert kt.diagnose(history([2.0, 1.2, 0.8], [1.5, 1.0, 1.1])).kinds == []  # validation has stopped improving
+    # fit monitored an accuracy that was best at epoch 1 (early stopping ends such a run): not said either
+    stopped = history([2.0, 1.2, 0.8], [1.5, 1.0, 0.9], val_acc=[0.9, 0.8, 0.8])
+    assert kt.diagnose(stopped, monitor="val_acc", mode="max").kinds == []
+    assert kt.diagnose(stopped).kinds == ["not_converged"]  # by the validation loss, fit's default monitor
 
 
 def test_underfitting_needs_the_validation_loss_alike():
@@ -213,13 +225,28 @@ def test_histories_without_a_training_loss_or_epochs_and_wrong_arguments():
 
 def test_a_divergence_the_run_replayed_is_said_with_its_batch_and_module():
     frame = history([1.0, 0.5, math.nan])
-    replayed = Divergence(epoch=3, batch=17, inputs_finite=True, module="encoder.2")
+    replayed = Divergence(epoch=3, batch=17, inputs_finite=True, module="encoder.2", labels_finite=True, replayed=17)
     finding = kt.diagnose(frame, divergence=replayed).findings[0]
     assert finding.kind == "diverged" and finding.epochs == (3,)
-    assert "epoch 3, batch 17" in finding.message and "encoder.2" in finding.message
-    assert finding.evidence == {"epoch": 3, "batch": 17, "inputs_finite": True, "module": "encoder.2"}
-    dirty = kt.diagnose(frame, divergence=Divergence(3, 2, inputs_finite=False)).findings[0]
-    assert "already held NaN" in dirty.message and "model.doctor" in dirty.message
+    assert "at epoch 3" in finding.message and "batch 17 of the training data" in finding.message
+    assert "was the module 'encoder.2'. Look in its forward" in finding.message
+    assert finding.evidence == {
+        "epoch": 3,
+        "batch": 17,
+        "inputs_finite": True,
+        "module": "encoder.2",
+        "labels_finite": True,
+        "replayed": 17,
+        "data": "training",
+    }
+    dirty = kt.diagnose(frame, divergence=Divergence(3, 2, inputs_finite=False, module="0")).findings[0]
+    assert "its inputs hold some" in dirty.message and "model.doctor" in dirty.message
+    blown = kt.diagnose(frame, divergence=Divergence(3, module="head", weights_finite=False, replayed=40)).findings[0]
+    assert "all 40 batches of the training data gave finite values" in blown.message
+    assert (
+        "holding NaN or infinite weights was the module 'head'" in blown.message
+        and "gradient_clip_val" in blown.message
+    )
 
 
 # -- the input-bound rule, from a timing frame -----------------------------------------------------------
@@ -391,3 +418,188 @@ def test_the_pages_examples_run_in_order_and_print_the_findings_the_page_shows()
                 return [line.split(":")[0] for line in text.splitlines() if line.startswith(("[", "What"))]
 
             assert said(printed) == said(code), (printed, code)
+
+
+# -- the report at the end of fit ---------------------------------------------------------------------------
+
+
+def test_a_healthy_fit_prints_nothing_more_and_keeps_an_empty_report_with_its_timing(digits, capsys):
+    net = digits_net()
+    model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=1e-2))
+    (x, y), val = digits
+    with pytest.raises(RuntimeError, match=r"has not been fit yet.*kt.diagnose\(history\)"):
+        model.diagnose()
+    history = model.fit(x, y, validation_data=val, epochs=40, patience=3, batch_size=128, verbose=2)
+    assert len(history) < 40  # stopped early, healthy
+    printed = capsys.readouterr().out
+    assert "What the curves say" not in printed and printed.rstrip().endswith("the best).")
+    report = model.diagnose()
+    assert report.findings == [] and str(report) == "" and report.source == "run"
+    timing = report.timing
+    assert list(timing.columns) == ["epoch", "seconds", "data_wait_fraction"]
+    assert timing["epoch"].tolist() == history["epoch"].tolist() and (timing["seconds"] > 0).all()
+    assert (
+        timing["data_wait_fraction"].between(0, 0.5).all()
+    )  # tensors in memory: the step, not the data, sets the pace
+
+
+def test_fit_prints_its_report_at_its_end_also_after_early_stopping_and_only_when_verbose(capsys):
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(300, 20, generator=g), torch.randn(20, generator=g)
+    y = ((x @ w + 1.5 * torch.randn(300, generator=g)) > 0).long()
+
+    def overfit(verbose):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(20, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 2))
+        model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=1e-3))
+        model.fit(x[:40], y[:40], validation_data=(x[40:], y[40:]), epochs=40, batch_size=8, verbose=verbose)
+        return model
+
+    model = overfit(verbose=2)
+    printed = capsys.readouterr().out
+    report = model.diagnose()
+    assert report.kinds == ["overfitting"] and len(model.history) < 40  # early stopping ended it
+    assert printed.rstrip().endswith(str(report)) and "\nWhat the curves say:\n[warning] overfitting: " in printed
+    assert overfit(verbose=0).diagnose().kinds == ["overfitting"] and capsys.readouterr().out == ""
+
+
+def test_after_ctrl_c_the_report_is_kept_but_not_printed(digits, capsys):
+    class CtrlC(kt.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 2:
+                raise KeyboardInterrupt
+
+    net = digits_net()
+    model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=1e-3))
+    history = model.fit(*digits[0], validation_data=digits[1], epochs=10, verbose=2, callbacks=[CtrlC()])
+    printed = capsys.readouterr().out
+    assert len(history) == 2 and "Interrupted during epoch 3" in printed
+    report = model.diagnose()
+    assert report.kinds == ["not_converged"] and len(report.timing) == 2  # still improving when stopped
+    assert "What the curves say" not in printed  # the user stopped it on purpose
+
+
+class SlowToRead(torch.utils.data.Dataset):
+    """Samples that take 10 ms each to read: a loader that sets the pace, as a slow disk or heavy
+    transforms do."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return self.x[i], self.y[i]
+
+
+def test_a_loader_that_sleeps_makes_an_input_bound_run():
+    x, y = blobs(48)
+    torch.manual_seed(0)
+    net = nn.Linear(2, 3)
+    model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=1e-2))
+    model.fit(DataLoader(SlowToRead(x, y), batch_size=16, shuffle=True), epochs=3, verbose=0)
+    report = model.diagnose()
+    bound = next(f for f in report.findings if f.kind == "input_bound")
+    assert bound.epochs == (2, 3), str(report)  # the first epoch, which starts the loader, left out
+    assert bound.evidence["data_wait_fraction"] >= diagnosis.INPUT_BOUND_FRACTION
+    assert (report.timing["seconds"] > 48 * 0.01).all()
+    assert "num_workers" in bound.message
+
+
+def nan_report(net, loss_fn, x, y, lr, **fit_args):
+    model = kt.KerasModel(
+        net, loss_fn, optimizer=torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=lr)
+    )
+    model.fit(x, y, epochs=5, verbose=0, **fit_args)
+    report = model.diagnose()
+    assert report.kinds[0] == "diverged" and not report.ok, str(report)
+    return report.findings[0], model
+
+
+def test_a_batch_with_a_nan_input_is_named_with_the_first_module_it_reaches():
+    x, y = blobs(200)
+    x[70, 1] = math.nan  # in the third batch of 32
+    torch.manual_seed(0)
+    finding, model = nan_report(
+        nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 3)), nn.CrossEntropyLoss(), x, y, 0.1, shuffle=False
+    )
+    assert finding.epochs == (1,)
+    assert {k: finding.evidence[k] for k in ("batch", "inputs_finite", "labels_finite", "module")} == {
+        "batch": 3,
+        "inputs_finite": False,
+        "labels_finite": True,
+        "module": "0",
+    }
+    assert "batch 3 of the training data" in finding.message and "its inputs hold some" in finding.message
+    assert "model.doctor" in finding.message
+    assert all(torch.isfinite(p).all() for p in model.net.parameters())  # the weights from before training came back
+    assert model.net.training  # the replay ran in eval mode, and left the net's mode as it was
+
+
+def test_a_loss_that_is_infinite_on_a_label_of_zero_is_named():
+    x, _ = blobs(200)
+    y = x.sum(1, keepdim=True).abs() + 1
+    y[100] = 0.0  # a relative error divides by it: the fourth batch's loss is infinite
+
+    def relative_error(preds, labels):
+        return ((preds - labels).abs() / labels.abs()).mean()
+
+    torch.manual_seed(0)
+    finding, _ = nan_report(
+        nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 1)), relative_error, x, y, 1e-3, shuffle=False
+    )
+    assert (finding.evidence["batch"], finding.evidence["module"]) == (4, "the loss function"), finding.message
+    assert finding.evidence["inputs_finite"] and finding.evidence["labels_finite"]
+    assert "was the loss function. Look for a log of 0 or a division by 0" in finding.message
+
+
+def test_weights_that_overflow_at_a_huge_learning_rate_name_the_module_that_held_them():
+    x, _ = blobs(256)
+    y = x.sum(1, keepdim=True)
+    torch.manual_seed(0)
+    # A frozen feature layer (pretrained, say), and layers trained at a rate that makes them blow up.
+    net = nn.Sequential(
+        OrderedDict(
+            features=nn.Linear(2, 32), act=nn.Tanh(), hidden=nn.Linear(32, 32), act2=nn.ReLU(), head=nn.Linear(32, 1)
+        )
+    )
+    net.features.requires_grad_(False)
+    finding, model = nan_report(net, nn.MSELoss(), x, y, 0.5, validation_split=0.25)
+    assert finding.evidence["module"] == "hidden" and finding.evidence["weights_finite"] is False, finding.message
+    assert (
+        finding.evidence["replayed"] == 6 and "batch" not in finding.evidence
+    )  # every batch finite with the weights put back
+    assert "the updates are" in finding.message and "was the module 'hidden'" in finding.message
+    assert "Lower the learning rate" in finding.message
+    torch.manual_seed(0)
+    finding, _ = nan_report(nn.Linear(2, 1), nn.MSELoss(), x, y, 3e38)  # the net is one layer: no name of its own
+    assert finding.evidence["module"] == "the net itself", finding.message
+
+
+def test_validation_samples_in_the_training_data_are_in_the_runs_report_under_a_size_limit(monkeypatch):
+    x, y = blobs(400)
+    torch.manual_seed(0)
+    net = nn.Linear(2, 3)
+    model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=1e-2))
+    leaky = (torch.cat([x[300:], x[:50]]), torch.cat([y[300:], y[:50]]))  # 50 training samples in validation
+    model.fit(x[:300], y[:300], validation_data=leaky, epochs=2, verbose=0)
+    overlap = next(f for f in model.diagnose().findings if f.kind == "train_val_overlap")
+    assert overlap.evidence["count"] == 50 and overlap.evidence["compared"] == 150
+    monkeypatch.setattr(fit_report, "OVERLAP_MAX_BYTES", 300 * 2 * 4)  # the training rows alone fill it
+    model.fit(x[:300], y[:300], validation_data=leaky, epochs=2, verbose=0)
+    assert "train_val_overlap" not in model.diagnose().kinds
+
+
+@pytest.mark.slow
+def test_the_report_of_a_run_in_two_processes_comes_back_to_the_caller(capfd):
+    x, y = blobs(256)
+    torch.manual_seed(0)
+    net = nn.Linear(2, 3)
+    model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=1e-3))
+    model.fit(x, y, validation_data=(x[:64], y[:64]), epochs=2, accelerator="cpu", devices=2, verbose=2)
+    report = model.diagnose()  # made by the main worker, sent back with its results
+    assert report.kinds[0] == "train_val_overlap", str(report)
+    assert report.findings[0].evidence["count"] == 64 and report.timing["epoch"].tolist() == [1, 2]
+    assert capfd.readouterr().out.count("What the curves say:") == 1  # printed by one process only

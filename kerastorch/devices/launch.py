@@ -309,7 +309,8 @@ def _is_cuda_fork_error(text: str) -> bool:
 
 def results_of(model: Any, history_rows: list[dict], preempted: Optional[BaseException] = None) -> dict:
     """What the main worker sends back: the history's rows, the best weights, the optimizer's and
-    scheduler's states, whether it stopped, and the ``Preempted`` it stopped with, if any."""
+    scheduler's states, whether it stopped, the ``Preempted`` it stopped with, if any, and the run's
+    report (``model.diagnose()``)."""
     return {
         "history": history_rows,
         "weights": cpu_state_dict(model.net),
@@ -317,6 +318,7 @@ def results_of(model: Any, history_rows: list[dict], preempted: Optional[BaseExc
         "lr_scheduler": model.lr_scheduler.state_dict() if model.lr_scheduler is not None else None,
         "stop_training": model.stop_training,
         "preempted": preempted,
+        "report": getattr(model, "fit_report", None),
     }
 
 
@@ -328,5 +330,6 @@ def take_results(model: Any, results: dict) -> list[dict]:
     if model.lr_scheduler is not None and results["lr_scheduler"] is not None:
         model.lr_scheduler.load_state_dict(results["lr_scheduler"])
     model.stop_training = results["stop_training"]
+    model.fit_report = results.get("report")
     model.runtime = None
     return results["history"]
