@@ -119,7 +119,7 @@ class FitEpochs:
         )
 
     def validate(self, loader: Any) -> dict[str, float]:
-        pieces = self.fit_step.validation
+        pieces = self.fit_step.validation_pieces
         return evaluate_epoch(self.model, loader, self.runtime, self.meters["val"], self.callbacks, pieces)
 
     def end_epoch(self, logs: dict) -> None:
@@ -181,7 +181,9 @@ class FitStep:
     """What ``model.backward(loss)`` and ``model.optimizer_step()`` do inside ``train_step``:
     gradient accumulation (an update every k batches, DDP's all-reduce only on the batch that ends
     a group), the grad scaler of ``16-mixed``, clipping, a per-step scheduler, and the four step
-    hooks that Lightning and fastai users know (each called only when a callback overrides it)."""
+    hooks that Lightning and fastai users know (each called only when a callback overrides it). A
+    batch that runs out of memory is trained again as micro-batches
+    (:mod:`~kerastorch.training.out_of_memory`)."""
 
     def __init__(self, model: TrainableModel, runtime: Runtime, settings: StepSettings, callbacks: CallbackList):
         self.model = model
@@ -211,7 +213,7 @@ class FitStep:
         self.share = 1.0
         self.phase = "forward"
         self.say = model.print if callbacks.params.get("verbose", 1) else None
-        self.validation = EvalPieces("Validation", model, runtime, self.say, splits=settings.on_oom != "raise")
+        self.validation_pieces = EvalPieces("Validation", model, runtime, self.say, splits=settings.on_oom != "raise")
 
     # -- called by the loop --------------------------------------------------------------
 
@@ -277,12 +279,12 @@ class FitStep:
 
     def micro_batches(self) -> dict:
         """The micro-batch sizes the run reached (None: whole batches), for a training state."""
-        return {"train": self.micro_batch, "validation": self.validation.size}
+        return {"train": self.micro_batch, "validation": self.validation_pieces.size}
 
     def use_micro_batches(self, sizes: Optional[dict]) -> None:
         """Go on with the micro-batch sizes of :meth:`micro_batches` (a resumed run's)."""
         if sizes:
-            self.micro_batch, self.validation.size = sizes.get("train"), sizes.get("validation")
+            self.micro_batch, self.validation_pieces.size = sizes.get("train"), sizes.get("validation")
 
     def drop_stray_gradients(self) -> None:
         """Every gradient of the net back to what its optimizer's last ``optimizer_step`` call in this
