@@ -3,17 +3,19 @@
 Runs, in one process and interleaved, several ways to train the same net on the same
 data with validation every epoch:
 
-* ``bare``: forward, backward, step; a validation forward pass; nothing logged.
-* ``bare, by index``: the same loop over the same loaders read as ``fit`` reads a loader over
-  tensors in memory, one index per tensor for each batch (``kerastorch/data/indexed.py``): the
-  same batches, sooner. ``fit`` over it is ``fit``'s own cost, apart from the data's (printed
-  below the table, with the target's verdict for it too); (c) feeds its bare loop this way.
+* ``bare``: forward, backward, step; a validation forward pass; nothing logged. Over the user's
+  loaders, ``DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True)`` and its validation twin.
+* ``bare, kt loaders``: the same loop over the loaders ``fit`` builds of the same tensors given as
+  arrays, which read each batch with one index per array (``kerastorch/data/loaders.py``): the
+  same batches, sooner.
 * ``seed loop``: the hand-written loop of seed 003 (tqdm bars, ``.item()`` per step,
   a torchmetrics call per step, early stopping and a checkpoint file).
-* ``fit``: ``KerasModel.fit`` with the same metric, validation, early stopping, a
-  checkpoint file and its progress bar.
+* ``fit``: ``KerasModel.fit`` over the user's loaders (the very ones ``bare`` goes over) with the
+  same metric, validation, early stopping, a checkpoint file and its progress bar.
 * ``fit core``: ``fit`` with nothing optional (no metric, no progress bar, no checkpoint file,
   no early stopping): the loop's own cost, apart from its features'.
+* ``fit, arrays``: the same ``fit`` given the tensors themselves, over the loaders it builds:
+  ``fit(x=..., y=..., validation_data=(x_val, y_val), batch_size=64)``.
 * ``fit compile``: the same ``fit`` with ``compile=True`` (``torch.compile``'s defaults),
   timed from its second epoch, since the first holds the compilation (whose extra time is
   printed apart). Leave it out with ``--no-compile``.
@@ -22,18 +24,21 @@ Prints seconds per epoch (median and fastest over repeats) and the ratio to the 
 (a) a tiny MLP, where per-step overhead dominates, and (b) seed 003's CNN on 28x28
 inputs, where compute dominates; and the ratio to the bare loop of the same round (the loops
 of a round run back to back, so a busy machine slows them alike): its median, min and max
-over the rounds. Targets, on the CPU: (a) <= 1.05x, (b) <= 1.02x, each said met, not met or
-undecided from the rounds' ratios with a 95 % interval for their median (``verdicts.py``:
-a round's ratio moves by several per cent on a busy machine, as much as the targets' margins;
-it needs at least 6 rounds, so the default is 7). On a GPU (the default where there is
-one) a transformer follows, 2 encoder layers of width 256 over 128 tokens (on the CPU, a smaller
-one, only with ``--only transformer``). ``--precision bf16-mixed`` runs every loop in it: the
-bare and seed loops under ``torch.autocast``, ``fit`` with ``precision="bf16-mixed"``.
+over the rounds. Targets, on the CPU, each said met, not met or undecided from the rounds' ratios
+with a 95 % interval for their median (``verdicts.py``: a round's ratio moves by several per cent
+on a busy machine, as much as the targets' margins; it needs at least 6 rounds, so the default is
+7): ``fit`` over the bare loop over the same loaders, (a) <= 1.10x, (b) <= 1.02x; ``fit, arrays``
+over the bare loop over the user's loaders of the same tensors, <= 1.00x. Below the table,
+``fit, arrays`` over ``bare, kt loaders`` is ``fit``'s own cost over the loaders it builds.
+On a GPU (the default where there is one) a transformer follows, 2 encoder layers of width 256
+over 128 tokens (on the CPU, a smaller one, only with ``--only transformer``). ``--precision
+bf16-mixed`` runs every loop in it: the bare and seed loops under ``torch.autocast``, ``fit`` with
+``precision="bf16-mixed"``.
 
 Then, on the CPU, (c): the loop's own cost per training step in microseconds: ``fit core``
-against the bare loop on a one-layer net with batches of 4, where a step is nearly all Python,
-so the difference is the step's bookkeeping and little else (one torch thread; the median over
-rounds of the two in turn). Leave it out with ``--only mlp`` or ``--only cnn``.
+against the bare loop over the same loader on a one-layer net with batches of 4, where a step is
+nearly all Python, so the difference is the step's bookkeeping and little else (one torch thread;
+the median over rounds of the two in turn). Leave it out with ``--only mlp`` or ``--only cnn``.
 
 ``--only features`` prints (d) instead: what each of ``fit``'s features in (a) (the metric, the
 checkpoint file, the progress output, early stopping) adds alone to ``fit core``'s epoch.
@@ -61,7 +66,7 @@ from tqdm import tqdm
 from verdicts import verdict
 
 import kerastorch as kt
-from kerastorch.data.indexed import read_by_index
+from kerastorch.data.forms import FitData, prepare_data
 from kerastorch.examples import create_cnn, digits_datasets
 
 
@@ -259,17 +264,19 @@ def run_fit(
     compile=False,
     core=False,
     features=FEATURES,
+    arrays=None,
 ):
     """``core=True``: fit with nothing optional (no metric, no progress bar, no checkpoint file, no
     early stopping; the best weights by val_loss still kept in memory), to tell the loop's own
-    cost from its features'. ``features``: those of :data:`FEATURES` that are on (all, by default)."""
+    cost from its features'. ``features``: those of :data:`FEATURES` that are on (all, by default).
+    ``arrays``: fit's keywords for the tensors themselves (:func:`as_arrays`), given instead of the loaders."""
     on = set() if core else set(features)
     net, loss_fn, optimizer, metric = make_parts(make_net)
     model = kt.KerasModel(net, loss_fn, {"acc": metric} if "metric" in on else None, optimizer)
     clock = EpochClock(first_epoch=2 if compile else 1)
+    data = arrays if arrays is not None else {"train_data": dl_train, "val_data": dl_val}
     model.fit(
-        dl_train,
-        dl_val,
+        **data,
         epochs=epochs,
         patience=5 if "early stopping" in on else None,
         monitor="val_acc" if "metric" in on else "val_loss",
@@ -289,8 +296,23 @@ def run_fit(
 
 compile_seconds: list = []
 
-# The most fit's time may be of the bare loop's on the CPU: (a) and (b).
-TARGETS = {"mlp": 1.05, "cnn": 1.02}
+# The most fit's time may be of the bare loop's over the same loaders on the CPU: (a) and (b).
+TARGETS = {"mlp": 1.10, "cnn": 1.02}
+# The most fit's time over arrays may be of the bare loop's over DataLoader(TensorDataset) of the same tensors.
+ARRAYS_TARGET = 1.00
+
+
+def as_arrays(train, val, batch_size):
+    """fit's keywords for the tensors of two TensorDatasets given as arrays, as a Keras user gives them."""
+    (x, y), (x_val, y_val) = train.tensors, val.tensors
+    return {"x": x, "y": y, "validation_data": (x_val, y_val), "batch_size": batch_size}
+
+
+def kt_loaders(train, val, batch_size, pin):
+    """The loaders fit builds of those arrays (shuffled training batches, validation in order)."""
+    (x, y), (x_val, y_val) = train.tensors, val.tensors
+    data = FitData(x, (x_val, y_val), y=y)
+    return prepare_data(data, batch_size, shuffle=True, validation_split=0.0, keep_float64=False, pin_memory=pin)
 
 
 def measure(task, repeats, epochs, device, compile=True, precision="32-true", target=None):
@@ -300,15 +322,16 @@ def measure(task, repeats, epochs, device, compile=True, precision="32-true", ta
     pin = device.type == "cuda"
     dl_train = DataLoader(train, batch_size=batch_size, shuffle=True, pin_memory=pin)
     dl_val = DataLoader(val, batch_size=batch_size, pin_memory=pin)
-    # fit reads the batches of a loader over tensors with one index per tensor (kerastorch/data/indexed.py):
-    # the bare loop fed the same way tells fit's own cost from that of the data.
-    dl_train_indexed, dl_val_indexed = read_by_index(dl_train), read_by_index(dl_val)
+    # fit over the arrays builds loaders that read each batch with one index per array: the bare loop
+    # over those tells fit's own cost there from that of the data.
+    arrays, (kt_train, kt_val) = as_arrays(train, val, batch_size), kt_loaders(train, val, batch_size, pin)
     times = {
         "bare": [],
-        "bare, by index": [],
+        "bare, kt loaders": [],
         "seed loop": [],
         "fit": [],
         "fit core": [],
+        "fit, arrays": [],
         **({"fit compile": []} if compile else {}),
     }
     compile_seconds.clear()
@@ -318,11 +341,10 @@ def measure(task, repeats, epochs, device, compile=True, precision="32-true", ta
         run_bare(make_net, dl_train, dl_val, 1, device, precision=precision)
         for _ in range(repeats):
             times["bare"].append(run_bare(make_net, dl_train, dl_val, epochs, device, precision=precision))
-            times["bare, by index"].append(
-                run_bare(make_net, dl_train_indexed, dl_val_indexed, epochs, device, precision=precision)
-            )
+            times["bare, kt loaders"].append(run_bare(make_net, kt_train, kt_val, epochs, device, precision=precision))
             times["fit"].append(run_fit(make_net, dl_train, dl_val, epochs, device, ckpt, precision))
             times["fit core"].append(run_fit(make_net, dl_train, dl_val, epochs, device, ckpt, precision, core=True))
+            times["fit, arrays"].append(run_fit(make_net, None, None, epochs, device, ckpt, precision, arrays=arrays))
             times["seed loop"].append(
                 run_seed_loop(make_net, dl_train, dl_val, epochs, device, ckpt, precision=precision)
             )
@@ -336,25 +358,31 @@ def measure(task, repeats, epochs, device, compile=True, precision="32-true", ta
     fastest = {k: min(v) for k, v in times.items()}
     print(f"\n{title} on {device}, {precision} ({repeats} runs of {epochs} epochs each)")
     print(
-        f"{'loop':<15}{'median s/epoch':>16}{'x bare':>9}{'fastest s/epoch':>17}{'x bare':>9}"
+        f"{'loop':<17}{'median s/epoch':>16}{'x bare':>9}{'fastest s/epoch':>17}{'x bare':>9}"
         f"{'x bare of its round: median (min-max)':>40}"
     )
     for name in times:
         rounds = [t / bare for t, bare in zip(times[name], times["bare"])]
         print(
-            f"{name:<15}{medians[name]:>16.4f}{medians[name] / medians['bare']:>9.3f}"
+            f"{name:<17}{medians[name]:>16.4f}{medians[name] / medians['bare']:>9.3f}"
             f"{fastest[name]:>17.4f}{fastest[name] / fastest['bare']:>9.3f}"
             f"{statistics.median(rounds):>23.3f} ({min(rounds):.3f}-{max(rounds):.3f})"
         )
-    own = [t / bare for t, bare in zip(times["fit"], times["bare, by index"])]
+    own = [t / bare for t, bare in zip(times["fit, arrays"], times["bare, kt loaders"])]
     print(
-        f"fit over the bare loop fed as fit feeds itself (bare, by index): {statistics.median(own):.3f}x "
-        f"({min(own):.3f}-{max(own):.3f})"
+        f"fit, arrays over the bare loop over the loaders fit builds of them (bare, kt loaders): "
+        f"{statistics.median(own):.3f}x ({min(own):.3f}-{max(own):.3f})"
     )
     if target is not None:
         rounds = [t / bare for t, bare in zip(times["fit"], times["bare"])]
-        print(f"target, fit <= {target:g}x of the bare loop: {verdict(rounds, target)}")
-        print(f"the same line for fit over the bare loop by index: {verdict(own, target)}")
+        print(
+            f"target, fit over the user's loaders <= {target:g}x of the bare loop over them: {verdict(rounds, target)}"
+        )
+        rounds = [t / bare for t, bare in zip(times["fit, arrays"], times["bare"])]
+        print(
+            f"target, fit over arrays <= {ARRAYS_TARGET:.2f}x of the bare loop over DataLoader(TensorDataset) of "
+            f"them: {verdict(rounds, ARRAYS_TARGET)}"
+        )
     if compile:
         cached = statistics.median(compile_seconds[1:]) if len(compile_seconds) > 1 else float("nan")
         print(
@@ -371,15 +399,12 @@ def feature_costs(repeats: int, epochs: int, device: torch.device) -> dict:
     dl_train = DataLoader(train, batch_size=batch_size, shuffle=True)
     dl_val = DataLoader(val, batch_size=batch_size)
     variants = {"fit core": (), **{f"+ {name}": (name,) for name in FEATURES}, "fit (all)": FEATURES}
-    times: dict[str, list[float]] = {"bare": [], "bare, by index": [], **{name: [] for name in variants}}
+    times: dict[str, list[float]] = {"bare": [], **{name: [] for name in variants}}
     with tempfile.TemporaryDirectory() as folder:
         ckpt = os.path.join(folder, "best.pt")
         run_bare(make_net, dl_train, dl_val, 1, device)
         for _ in range(repeats):
             times["bare"].append(run_bare(make_net, dl_train, dl_val, epochs, device))
-            times["bare, by index"].append(
-                run_bare(make_net, read_by_index(dl_train), read_by_index(dl_val), epochs, device)
-            )
             for name, features in variants.items():
                 times[name].append(run_fit(make_net, dl_train, dl_val, epochs, device, ckpt, features=features))
     core = statistics.median(times["fit core"])
@@ -403,8 +428,8 @@ def step_cost(repeats: int, epochs: int = 3) -> float:
     make_net = lambda: nn.Linear(4, 2)
     cpu = torch.device("cpu")
 
-    def bare() -> float:  # fed as fit feeds itself: the difference is the loop's, not the data's
-        return run_bare(make_net, read_by_index(loader), [], epochs, cpu)
+    def bare() -> float:  # over the same loader as fit: the difference is the loop's, not the data's
+        return run_bare(make_net, loader, [], epochs, cpu)
 
     def fit_core() -> float:
         net, loss_fn, optimizer, _ = make_parts(make_net)

@@ -1,15 +1,16 @@
-"""Fine-tune a Hugging Face model with fit: a tiny BERT built from a config (random weights, no
-download), on token ids that a tokenizer would give, with a metric, early stopping and predict.
+"""Fine-tune a Hugging Face model with fit: a tiny BERT built from a config.
 
-Batches are dicts, as Hugging Face's data collators make them: ``input_ids``, ``attention_mask``
-and ``labels``. With no ``loss_fn``, fit hands the whole dict to the model, which computes its own
-loss from the labels (``output.loss``); the metrics and ``predict`` get ``output.logits``. (With a
-``loss_fn``, fit calls the model without the labels and applies ``loss_fn`` to the logits.)
+Its weights are random and nothing is downloaded. It learns from token ids, as a
+tokenizer would give them, with a metric, early stopping and predict.
+
+Batches are dicts: ``input_ids``, ``attention_mask`` and ``labels``. With no
+``loss_fn``, fit hands the whole dict to the model, which computes its own loss from
+the labels (``output.loss``). The metrics and ``predict`` get ``output.logits``.
 """
 
 import os
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded: the model is built from a config
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded
 
 import torch
 import torchmetrics
@@ -20,17 +21,19 @@ import kerastorch as kt
 
 kt.seed_everything(0)
 
-# Token ids of 512 "sentences" of 12 tokens: the positive ones use the first half of the vocabulary.
+# 512 "sentences" of 12 token ids: the positive ones use the low half of the vocabulary
 VOCAB, LENGTH = 64, 12
 labels = torch.randint(0, 2, (512,))
-input_ids = torch.where(
-    labels[:, None] == 1, torch.randint(2, VOCAB // 2, (512, LENGTH)), torch.randint(VOCAB // 2, VOCAB, (512, LENGTH))
-)
+low = torch.randint(2, VOCAB // 2, (512, LENGTH))
+high = torch.randint(VOCAB // 2, VOCAB, (512, LENGTH))
+input_ids = torch.where(labels[:, None] == 1, low, high)
+mask = torch.ones(LENGTH, dtype=torch.long)
 rows = [
-    {"input_ids": input_ids[i], "attention_mask": torch.ones(LENGTH, dtype=torch.long), "labels": labels[i]}
+    {"input_ids": input_ids[i], "attention_mask": mask, "labels": labels[i]}
     for i in range(512)
 ]
-dl_train = DataLoader(rows[:384], batch_size=32, shuffle=True)  # the default collate stacks the dicts
+# torch's default collate stacks the dicts into a dict of batches
+dl_train = DataLoader(rows[:384], batch_size=32, shuffle=True)
 dl_val = DataLoader(rows[384:], batch_size=64)
 
 config = BertConfig(
@@ -50,6 +53,6 @@ model = kt.KerasModel(
 )
 history = model.fit(dl_train, dl_val, epochs=10, monitor="val_acc", patience=2)
 
-logits = model.predict(dl_val)  # output.logits of every batch, on the CPU: shape (128, 2)
-predicted = logits.argmax(dim=1)
-print(f"predict: {tuple(logits.shape)}, accuracy {(predicted == labels[384:]).float().mean():.3f}")
+logits = model.predict(dl_val)  # output.logits of every batch, on the CPU
+accuracy = (logits.argmax(dim=1) == labels[384:]).float().mean()
+print(f"predict: {tuple(logits.shape)}, accuracy {accuracy:.3f}")

@@ -17,7 +17,7 @@ Who owns what, in the order a ``fit`` call goes through them:
 | checks | ``checks/`` | the model and the first batch, before the first weight changes |
 | the run | ``training/`` | ``run`` → ``fit_loop(Epochs)`` → ``FitStep``; meters, history, evaluate and predict |
 | optional behaviour | ``callbacks/`` | best weights, early stopping, progress, resume, loggers ... each a callback with an ``order`` |
-| around a fit | ``tools/`` | ``lr_find`` and one cycle, ``doctor``, ``interpret``, ``summary``, plots (reusing ``FitStep``) |
+| around a fit | ``tools/`` | ``lr_find`` and one cycle, ``doctor``, the run's report (``diagnose``), ``interpret``, ``summary``, plots (reusing ``FitStep``) |
 | torchkeras | ``compat/`` | its step classes as one more ``Epochs``, its callbacks, metrics and words, the ``nn.Module`` names |
 | files | ``files/`` | weights and training-state files, written atomically, read without running code |
 
@@ -49,6 +49,7 @@ from .helpers.plots import plot_history
 from .helpers.seed import seed_everything, seed_worker
 from .model import KerasModel
 from .summary import summary  # the module first: importing it later must not hide the function
+from .tools.diagnosis import diagnose
 from .tools.doctor import DoctorError
 from .training.preemption import Preempted
 
@@ -62,6 +63,7 @@ __all__ = [
     "callbacks",
     "cluster_environment",
     "devices",
+    "diagnose",
     "plot_history",
     "seed_everything",
     "seed_worker",
@@ -78,8 +80,8 @@ _MOVED = {
     "parse_devices": ".devices",
     "find_usable_cuda_devices": ".devices",
     "LivePlot": ".callbacks",
-    "Diagnosis": ".tools.doctor",
-    "Finding": ".tools.doctor",
+    "Diagnosis": ".tools.report",
+    "Finding": ".tools.report",
     "Interpretation": ".tools.interpret",
     "LRFinderResult": ".tools.tuning",
 }

@@ -45,7 +45,6 @@ def evaluate(model: TrainableModel, given: EvalData, settings: EvaluateSettings)
         needs_labels=True,
         sample_weight=given.sample_weight,
         steps=settings.steps,
-        by_index=runners is None,  # a program's runner gets the very loader it was given
     )
     if settings.steps is not None:
         data = FirstBatches(data, settings.steps)

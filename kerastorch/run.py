@@ -64,7 +64,6 @@ def fit(model: TrainableModel, data: FitData, settings: FitSettings, lr_schedule
         steps_per_epoch=settings.data.steps_per_epoch,
         validation_batch_size=settings.data.validation_batch_size,
         validation_steps=settings.data.validation_steps,
-        by_index=program is None,
     )
     check_model_for_fit(model, train_data)
     if program is None:

@@ -21,8 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import kerastorch as kt
-from kerastorch.callbacks.training_state import training_state_path
-from kerastorch.files.state import load_state_file
+from kerastorch.files.state import load_state_file, training_state_path
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO_ROOT, "tests", "backup_training_script.py")
@@ -167,10 +166,12 @@ class FailAt(kt.Callback):
             raise RuntimeError("crash")
 
 
-def tiny_run(callbacks, epochs=3, workers=0, persistent=False, **fit_options):
+def tiny_run(callbacks, epochs=3, workers=0, persistent=False, batch_size=8, rows=96, **fit_options):
     """A fresh run, as a new process would build it (the seed first)."""
     kt.seed_everything(0)
-    dl_train = DataLoader(Noisy(), batch_size=8, shuffle=True, num_workers=workers, persistent_workers=persistent)
+    dl_train = DataLoader(
+        Noisy(rows), batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=persistent
+    )
     dl_val = DataLoader(Noisy(32, seed=1), batch_size=16)
     net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 2))
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
@@ -446,3 +447,218 @@ def test_named_train_step_values_resume_mid_epoch_exactly(tmp_path):
         load_state_file(tmp_path / "b" / "training.state")["batches"] == 8
     )  # mid-epoch (every 5 batches of the run): the partial sums count
     assert_same(named_run([backup()]), straight)
+
+
+# -- the model's own optimizers, schedulers and grad scalers ---------------------------------------
+
+GAN_SCRIPT = os.path.join(REPO_ROOT, "tests", "gan_training_script.py")
+
+
+def run_gan(out_dir, *args) -> tuple[int, str]:
+    process = subprocess.run(
+        [sys.executable, GAN_SCRIPT, str(out_dir), *map(str, args)],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return process.returncode, process.stdout + process.stderr
+
+
+@pytest.mark.slow
+def test_a_gans_own_optimizer_and_scheduler_resume_bit_for_bit_after_kill_9(tmp_path):
+    # docs/custom-steps.md's GAN: the model's optimizer trains the generator, self.d_optimizer (with its
+    # own self.d_scheduler) the discriminator. Killed before batch 5 of epoch 2 (8 batches an epoch, a
+    # backup every 3 batches of the run: the last after batch 4 of epoch 2): resumed from there.
+    code, output = run_gan(tmp_path / "reference")
+    assert code == 0, output
+    code, output = run_gan(tmp_path / "killed", "--kill-at", 2, 5)
+    assert code == -signal.SIGKILL, output
+    state = backup_of(tmp_path / "killed")
+    assert (state["epoch"], state["batches"]) == (1, 4)
+    code, output = run_gan(tmp_path / "killed")
+    assert code == 0, output
+
+    history, weights = read_run(tmp_path / "killed")
+    reference_history, reference_weights = read_run(tmp_path / "reference")
+    pd.testing.assert_frame_equal(history, reference_history, check_exact=True)
+    assert all(torch.equal(weights[k], reference_weights[k]) for k in reference_weights)
+    own, reference_own = (torch.load(os.path.join(d, "own.pt")) for d in (tmp_path / "killed", tmp_path / "reference"))
+    assert own["d_scheduler"] == reference_own["d_scheduler"]
+    assert own["d_optimizer"]["param_groups"] == reference_own["d_optimizer"]["param_groups"]
+    for i, moments in reference_own["d_optimizer"]["state"].items():
+        assert moments["step"] == 24  # 3 epochs of 8 batches
+        assert all(torch.equal(own["d_optimizer"]["state"][i][k], v) for k, v in moments.items())
+    kept = {name: part["type"] for name, part in state["model_attributes"].items()}
+    assert kept == {"d_optimizer": "Adam", "d_scheduler": "StepLR"}
+
+
+class ScaledStep(kt.KerasModel):
+    """A train_step with grad scalers of its own, kept in a dict attribute: the scale doubles every step
+    (from 2**100, so that some steps overflow and are skipped, as mixed precision's are)."""
+
+    def __init__(self, net, optimizer):
+        super().__init__(net, optimizer=optimizer)
+        self.scalers = {"main": torch.amp.GradScaler("cpu", init_scale=2.0**100, growth_interval=1)}
+        self.unused = [torch.amp.GradScaler("cpu", enabled=False)]  # saves {}: nothing to put back
+
+    def train_step(self, batch):
+        x, y = batch
+        scaler = self.scalers["main"]
+        loss = nn.functional.cross_entropy(self.net(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(self.optimizer)
+        scaler.update()
+        self.optimizer.zero_grad()
+        return {"loss": loss.detach(), "log2_scale": torch.tensor(float(np.log2(scaler.get_scale())))}
+
+
+def scaled_run(callbacks):
+    kt.seed_everything(0)
+    g = torch.Generator().manual_seed(3)
+    data = TensorDataset(torch.randn(96, 6, generator=g), torch.randint(0, 2, (96,), generator=g))
+    net = nn.Linear(6, 2)
+    model = ScaledStep(net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
+    loader = DataLoader(data, batch_size=8, shuffle=True)  # the CPU: its grad scaler is the CPU's
+    history = model.fit(loader, epochs=3, callbacks=callbacks, verbose=0, accelerator="cpu")
+    return history, {k: v.clone() for k, v in net.state_dict().items()}, model.scalers["main"].state_dict()
+
+
+def test_a_grad_scaler_kept_in_a_dict_attribute_resumes_mid_epoch_exactly(tmp_path):
+    straight = scaled_run([])
+    assert straight[0]["train_log2_scale"].nunique() == 3  # the scale moved (and overflowed: steps skipped)
+    backup = lambda: kt.callbacks.BackupAndRestore(tmp_path / "b", save_freq=5, delete_checkpoint=False)
+    with pytest.raises(RuntimeError, match="crash"):
+        scaled_run([backup(), FailAt(2, 9)])
+    saved = load_state_file(tmp_path / "b" / "training.state")
+    resumed = scaled_run([backup()])
+    assert_same(resumed[:2], straight[:2])
+    assert resumed[2] == straight[2]
+    assert set(saved["model_attributes"]) == {"scalers['main']", "unused[0]"}
+
+
+class StepsAGlobalOptimizer(kt.KerasModel):
+    """Updates the second layer with an optimizer the model does not hold (a notebook's variable)."""
+
+    outside: torch.optim.Optimizer
+
+    def train_step(self, batch):
+        x, y = batch
+        loss = nn.functional.cross_entropy(self.net(x), y)
+        self.backward(loss)
+        self.optimizer_step()
+        self.optimizer_step(StepsAGlobalOptimizer.outside)
+        return loss.detach(), None, None
+
+
+def test_an_optimizer_the_model_does_not_hold_is_refused_before_training(tmp_path):
+    net = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 2))
+    StepsAGlobalOptimizer.outside = torch.optim.Adam(net[2].parameters(), lr=0.1)
+    model = StepsAGlobalOptimizer(net, optimizer=torch.optim.SGD(net[0].parameters(), lr=0.1))
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    data = DataLoader(TensorDataset(torch.randn(32, 6), torch.randint(0, 2, (32,))), batch_size=8)
+    with pytest.raises(ValueError) as refused:
+        model.fit(data, epochs=1, verbose=0, callbacks=[kt.callbacks.BackupAndRestore(tmp_path / "b")])
+    message = str(refused.value)
+    assert "2.weight, 2.bias" in message and "self.d_optimizer = torch.optim.Adam" in message
+    assert all(torch.equal(before[k], v.cpu()) for k, v in net.state_dict().items())
+    assert not os.path.exists(tmp_path / "b" / "training.state")
+
+    # Kept on the model, it is in the state: the same run trains.
+    model.outside_optimizer = StepsAGlobalOptimizer.outside
+    model.fit(
+        data, epochs=1, verbose=0, callbacks=[kt.callbacks.BackupAndRestore(tmp_path / "b", delete_checkpoint=False)]
+    )
+    assert set(load_state_file(tmp_path / "b" / "training.state")["model_attributes"]) == {"outside_optimizer"}
+
+
+def test_a_state_of_other_own_optimizers_is_refused_before_anything_is_loaded(tmp_path):
+    backup = lambda: kt.callbacks.BackupAndRestore(tmp_path / "b", save_freq=5, delete_checkpoint=False)
+    with pytest.raises(RuntimeError, match="crash"):
+        scaled_run([backup(), FailAt(2, 3)])
+    kt.seed_everything(0)
+    net = nn.Linear(6, 2)
+    model = ScaledStep(net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
+    del model.unused
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    data = TensorDataset(torch.randn(96, 6), torch.randint(0, 2, (96,)))
+    with pytest.raises(
+        ValueError,
+        match=r"keeps the model's own .*scalers\['main'\] \(GradScaler\), unused\[0\].*this model holds scalers\['main'\] \(GradScaler\), so",
+    ):
+        model.fit(DataLoader(data, batch_size=8), epochs=3, verbose=0, callbacks=[backup()], accelerator="cpu")
+    assert all(torch.equal(before[k], v.cpu()) for k, v in net.state_dict().items())
+
+
+# -- the training data's shape is part of the state ------------------------------------------------
+
+
+@pytest.mark.parametrize("save_freq, changed", [(5, "batch_size"), (5, "rows"), ("epoch", "batch_size")])
+def test_a_state_resumed_with_other_batches_is_refused_saying_what_differs(tmp_path, save_freq, changed):
+    backup = lambda: kt.callbacks.BackupAndRestore(tmp_path / "b", save_freq=save_freq, delete_checkpoint=False)
+    with pytest.raises(RuntimeError, match="crash"):
+        tiny_run([backup(), FailAt(2, 9)])
+
+    # The same run, but for its training batches: they are 16 rows, or 120 rows make 15 batches of 8.
+    other = {"batch_size": 16} if changed == "batch_size" else {"rows": 120}
+    with pytest.raises(ValueError) as refused:
+        tiny_run([backup()], **other)
+    message = str(refused.value)
+    if changed == "batch_size":
+        assert "batches of 8 there and of 16 here; 12 batches an epoch there and 6 here" in message
+        assert "Resume with batch_size=8" in message
+    else:
+        assert "12 batches an epoch there and 15 here" in message and "batches of" not in message
+    if save_freq == 5:
+        assert "in epoch 2 after batch 8" in message and "skip rows or train some twice" in message
+    else:
+        assert "data order and its learning-rate schedule" in message
+    assert "resume=False" in message
+    saved = load_state_file(tmp_path / "b" / "training.state")
+    assert (saved["batch_size"], saved["batches_per_epoch"]) == (8, 12)
+
+
+class TwoOptimizers(kt.KerasModel):
+    """Two halves of a net, each with its optimizer: the model's, and one of its own with a scheduler."""
+
+    def __init__(self, net):
+        super().__init__(net, optimizer=torch.optim.Adam(net[0].parameters(), lr=1e-2))
+        self.head_optimizer = torch.optim.Adam(net[2].parameters(), lr=1e-2)
+        self.head_scheduler = torch.optim.lr_scheduler.StepLR(self.head_optimizer, step_size=3, gamma=0.5)
+
+    def train_step(self, batch):
+        x, y = batch
+        with self.autocast():
+            loss = nn.functional.cross_entropy(self.net(x), y)
+        self.backward(loss)
+        self.optimizer_step(self.head_optimizer)
+        self.optimizer_step(self.optimizer)
+        self.head_scheduler.step()
+        return {"loss": loss.detach()}
+
+
+def two_optimizer_run(callbacks, **fit_options):
+    kt.seed_everything(0)
+    g = torch.Generator().manual_seed(4)
+    data = TensorDataset(torch.randn(96, 6, generator=g), torch.randint(0, 2, (96,), generator=g))
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+    model = TwoOptimizers(net)
+    loader = DataLoader(data, batch_size=8, shuffle=True)
+    history = model.fit(loader, epochs=3, callbacks=callbacks, verbose=0, **fit_options)
+    own = {k: v.detach().cpu().clone() for k, v in model.head_optimizer.state_dict()["state"][0].items()}
+    return history, {k: v.cpu().clone() for k, v in net.state_dict().items()}, own, model.head_scheduler.last_epoch
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
+def test_on_a_gpu_the_models_own_optimizer_and_the_16_mixed_grad_scaler_resume_exactly(tmp_path):
+    options = {"accelerator": "cuda", "precision": "16-mixed"}
+    straight = two_optimizer_run([], **options)
+    backup = lambda: kt.callbacks.BackupAndRestore(tmp_path / "b", save_freq=5, delete_checkpoint=False)
+    with pytest.raises(RuntimeError, match="crash"):
+        two_optimizer_run([backup(), FailAt(2, 9)], **options)
+    saved = load_state_file(tmp_path / "b" / "training.state")
+    assert saved["grad_scaler"] and set(saved["model_attributes"]) == {"head_optimizer", "head_scheduler"}
+    resumed = two_optimizer_run([backup()], **options)
+    assert_same(resumed[:2], straight[:2])
+    assert all(torch.equal(resumed[2][k], v) for k, v in straight[2].items()) and resumed[3] == straight[3]

@@ -23,7 +23,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import kerastorch as kt
 from conftest import make_mlp
 from kerastorch.callbacks import kept_weights, model_checkpoint, training_state
-from kerastorch.files import background, host_memory
+from kerastorch.devices import host_memory
+from kerastorch.files import background
 from kerastorch.files.state import load_state_file
 
 WRITE_SECONDS = 0.3  # far longer than from one epoch's end to the next one's start: the write overlaps it

@@ -18,6 +18,7 @@ import os
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -248,3 +249,70 @@ def test_a_slurm_batch_script_of_two_tasks_trains_alone_and_says_srun_is_missing
         history = model.fit(*loaders, epochs=1, accelerator="cpu", verbose=1)
     assert len(history) == 1 and model.runtime.num_processes == 1
     assert "kerastorch: training on cpu in precision 32-true" in capsys.readouterr().out
+
+
+def test_python_typed_in_an_interactive_srun_shell_trains_alone_and_says_so_once(no_launcher, loaders, capsys):
+    # srun --ntasks=2 --pty bash, then `python train.py`: task 0's variables of a step of two tasks. Read
+    # as rank 0 of 2, fit waited for a rank 1 that never comes; the job's name says it is a shell.
+    shell = {**srun(0, "77"), "SLURM_JOB_NAME": "bash", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PTY_PORT": "40123"}
+    for name, value in shell.items():
+        no_launcher.setenv(name, value)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = small_model().fit(*loaders, epochs=1, accelerator="cpu", verbose=1)
+    said = [str(w.message) for w in caught if "SLURM" in str(w.message)]
+    assert len(said) == 1 and "named 'bash' (SLURM_JOB_NAME)" in said[0], said  # once a fit, not once a batch
+    assert "trains alone, as a plain process" in said[0]
+    assert len(history) == 1 and not torch.distributed.is_initialized()
+    assert "kerastorch: training on cpu in precision 32-true" in capsys.readouterr().out
+
+
+# -- a rendezvous that never completes: who is awaited, and a time limit ------------------------------
+
+
+def start_one_rank(out_dir: Path, variables: dict[str, str]) -> subprocess.Popen:
+    out_dir.mkdir(exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, SCRIPT, str(out_dir)],
+        env={**clean_environment(), **variables},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_rank_0_of_a_job_whose_other_rank_never_comes_says_who_it_waits_for_and_gives_up(tmp_path):
+    # srun's variables of task 0 of 2 (a job named otherwise than bash): task 1 is never started.
+    job_id = slurm_job_id_with_a_free_port()
+    port = 20000 + int(job_id) * 8
+    alone = start_one_rank(tmp_path, {**srun(0, job_id), "KERASTORCH_RENDEZVOUS_TIMEOUT": "4"})
+    output = alone.communicate(timeout=120)[0]
+    assert alone.returncode != 0, output
+    assert f"SLURM job {job_id}, rank 0 of 2 (local 0) on 1 node waits for rank 1 at localhost:{port}" in output
+    assert "(1 of 2 came); giving up after 4 s (KERASTORCH_RENDEZVOUS_TIMEOUT)" in output
+    assert "RendezvousTimeout" in output and f"did not all meet at localhost:{port} within 4 s" in output
+    assert "1 of 2 came; rank 1 did not" in output and "that srun started every task" in output
+    assert "set KERASTORCH_RENDEZVOUS_TIMEOUT to more seconds (now 4)" in output
+    assert not (tmp_path / "rank0.json").exists()  # nothing trained
+
+
+def test_a_rank_whose_rank_0_never_comes_says_it_waits_for_it_and_gives_up(tmp_path):
+    port = str(free_port(29900))
+    pod = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "PET_NNODES": "2", "MASTER_ADDR": "127.0.0.1"}
+    variables = {**pod, "MASTER_PORT": port, "WORLD_SIZE": "2", "RANK": "1", "PET_NODE_RANK": "1"}
+    alone = start_one_rank(tmp_path, {**variables, "KERASTORCH_RENDEZVOUS_TIMEOUT": "4"})
+    output = alone.communicate(timeout=120)[0]
+    assert alone.returncode != 0, output
+    assert f"Kubeflow PyTorchJob, rank 1 of 2 (local 0) on 2 nodes waits for rank 0 at 127.0.0.1:{port}" in output
+    assert f"rank 0 could not be reached at 127.0.0.1:{port} within 4 s" in output
+    assert "that every pod of the PyTorchJob is running" in output
+
+
+def test_a_rendezvous_time_limit_that_is_not_a_number_of_seconds_is_refused_before_training(no_launcher, loaders):
+    for name in LAUNCHER_NAMES:  # fit exports the job's layout in torch's words: gone again after the test
+        no_launcher.setenv(name, "")
+    for name, value in {**srun(0, "7"), "KERASTORCH_RENDEZVOUS_TIMEOUT": "ten minutes"}.items():
+        no_launcher.setenv(name, value)
+    with pytest.raises(ValueError, match=r"KERASTORCH_RENDEZVOUS_TIMEOUT='ten minutes': give the seconds"):
+        small_model().fit(*loaders, epochs=1, accelerator="cpu", verbose=0)
+    assert not torch.distributed.is_initialized()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -35,3 +36,30 @@ def test_overriding_forward_batch_changes_the_step_for_fit_evaluate_and_predict(
     history = model.fit(loader, loader, epochs=3, verbose=0)
     assert history["val_acc"].iloc[-1] > 0.85
     assert model.predict(loader).shape == (len(y), 10)
+
+
+def test_the_trial_of_a_step_of_your_own_leaves_its_own_scheduler_as_it_was():
+    # Before training, fit tries the step once and puts everything back: the model's own optimizers,
+    # and their schedulers too (a GAN's discriminator schedule ended one step ahead).
+    torch.manual_seed(0)
+    x = torch.randn(64, 4)
+    y = (x[:, 0] > 0).long()
+
+    class OwnSchedule(kt.KerasModel):
+        def __init__(self, net):
+            super().__init__(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+            self.head_optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
+            self.head_scheduler = torch.optim.lr_scheduler.StepLR(self.head_optimizer, step_size=3, gamma=0.5)
+
+        def train_step(self, batch):
+            with self.autocast():
+                loss, preds, labels = self.forward_batch(batch)
+            self.backward(loss)
+            self.optimizer_step(self.head_optimizer)
+            self.head_scheduler.step()
+            return loss, preds, labels
+
+    model = OwnSchedule(nn.Linear(4, 2))
+    model.fit(DataLoader(TensorDataset(x, y), batch_size=16), epochs=1, verbose=0, monitor=None)
+    assert model.head_scheduler.last_epoch == 4  # the 4 batches, not the trial's extra step
+    assert model.head_optimizer.param_groups[0]["lr"] == pytest.approx(0.05 * 0.5)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, SubsetRandomSampler, TensorDataset
 
 import kerastorch as kt
 from helpers import accuracy
@@ -103,6 +103,18 @@ def test_validation_samples_in_the_training_data_are_counted():
     report = make_model().doctor(train, val)
     overlap = next(f for f in report.findings if f.check == "train_val_overlap")
     assert overlap.severity == "warning" and "50 of the 50 validation samples compared" in overlap.message
+
+
+def test_one_dataset_split_by_two_samplers_is_compared_by_their_indices_and_every_sample_is_counted():
+    x, y = blobs(n=3000)
+    data = TensorDataset(x, y)
+    train = DataLoader(data, batch_size=32, sampler=SubsetRandomSampler(range(2500)))
+    clean = make_model().doctor(train, DataLoader(data, batch_size=50, sampler=SubsetRandomSampler(range(2500, 3000))))
+    assert "No sample is in both sets (2500 training and 500 validation" in str(clean)  # more than 2,000: in memory
+    leak = make_model().doctor(train, DataLoader(data, batch_size=50, sampler=SubsetRandomSampler(range(2400, 3000))))
+    overlap = next(f for f in leak.findings if f.check == "train_val_overlap")
+    assert overlap.severity == "warning" and "100 of the 600 validation samples compared" in overlap.message
+    assert overlap.evidence == {"count": 100, "fraction": pytest.approx(1 / 6)}
 
 
 def test_unnormalized_inputs_and_sorted_unshuffled_labels_are_warned_about():

@@ -223,6 +223,36 @@ def test_an_salloc_shell_and_its_interactive_step_are_local():
     assert cluster_environment(interactive_step).name == "local"
 
 
+# srun --ntasks=2 --pty bash: the shell gets task 0's variables of a step of 2 tasks, in a job srun
+# named after its command. A `python train.py` typed there is not one of the step's tasks.
+PTY_SHELL = {
+    "SLURM_JOB_ID": "77",
+    "SLURM_JOB_NAME": "bash",
+    "SLURM_NODELIST": "localhost",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_NTASKS": "2",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+    "SLURM_PTY_PORT": "40123",
+}
+
+
+@pytest.mark.parametrize("job_name", ["bash", "interactive"])
+def test_an_interactive_srun_shell_is_one_process_that_says_so(job_name):
+    env = cluster_environment({**PTY_SHELL, "SLURM_JOB_NAME": job_name})
+    assert (env.name, env.world_size, env.is_job, env.job_id) == ("local", 1, False, "77")
+    assert f"the job is named {job_name!r} (SLURM_JOB_NAME), which marks an interactive session" in env.warning
+    assert "trains alone, as a plain process" in env.warning
+    assert "srun --ntasks=2 --job-name=train python train.py" in env.warning
+    # The same step under another job name is a job of two tasks (rank 0 here), as before.
+    assert cluster_environment({**PTY_SHELL, "SLURM_JOB_NAME": "train"}).world_size == 2
+    # A shell of one task says nothing: it would train alone anyway.
+    one = {**PTY_SHELL, "SLURM_JOB_NAME": job_name, "SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "1"}
+    assert (cluster_environment(one).name, cluster_environment(one).warning) == ("local", None)
+
+
 def test_an_exported_rank_that_contradicts_srun_is_a_clear_error():
     # A batch script that ran `export RANK=$SLURM_PROCID` before srun gives every task rank 0.
     with pytest.raises(ClusterEnvironmentError, match=r"rank 5 of 8 .*but RANK=0 is also set"):

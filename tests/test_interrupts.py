@@ -16,8 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import kerastorch as kt
 import kerastorch.files.state
-from kerastorch.callbacks.training_state import training_state_path
-from kerastorch.files.state import load_state_file
+from kerastorch.files.state import load_state_file, training_state_path
 
 
 class ScriptedLoss(nn.Module):

@@ -517,41 +517,42 @@ def test_keras_words_in_evaluate_and_predict_are_checked_at_the_door():
 # -- the docs' Keras example ---------------------------------------------------------------------------
 
 
-def kerastorch_block(page: str) -> str:
-    """The page's kerastorch script: the Python block that imports kerastorch."""
-    (code,) = [block for block in python_blocks(page) if "import kerastorch" in block]
-    return code
-
-
 def python_blocks(page: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", page, flags=re.S)
 
 
+def keras_and_kerastorch_scripts(page: str) -> tuple[str, str]:
+    """The page's Keras script (one block) and its kerastorch script (the blocks after it, joined)."""
+    blocks = python_blocks(page)
+    (at,) = [i for i, block in enumerate(blocks) if "import keras\n" in block]
+    return blocks[at], "".join(blocks[at + 1 :])
+
+
 def test_the_keras_example_calls_fit_as_keras_does_but_for_the_checkpoint_file():
-    keras_script, kerastorch_script = python_blocks((DOCS / "keras-example.md").read_text())
-    assert "import keras\n" in keras_script and "import kerastorch as kt" in kerastorch_script
+    keras_script, kerastorch_script = keras_and_kerastorch_scripts((DOCS / "keras-example.md").read_text())
+    assert keras_script.startswith("# not run here") and "import kerastorch as kt" in kerastorch_script
 
     def fit_call(script: str) -> str:
-        call = script[script.index("history = model.fit(") : script.index("\n)\n") + 2]
+        start = script.index("history = model.fit(")
+        call = script[start : script.index("\n)\n", start) + 2]
         return " ".join(call.replace("keras.callbacks.", "").split())
 
     # the same data, keywords and callbacks with the same arguments; only the file format differs
+    assert "validation_split=0.2" in fit_call(kerastorch_script) and "ReduceLROnPlateau" in fit_call(kerastorch_script)
     assert fit_call(keras_script).replace("best.weights.h5", "best.safetensors") == fit_call(kerastorch_script)
     compile(kerastorch_script, "keras-example.md", "exec")
 
 
 @pytest.mark.slow  # 50 epochs of the page's script: about 2 s on an idle 2-core CPU, more beside other work
-def test_the_keras_example_page_runs_on_generated_data(tmp_path, monkeypatch):
+def test_the_keras_example_page_runs_as_pasted(tmp_path, monkeypatch):
+    """The page's blocks but the Keras one, in order in one namespace, as a reader pastes them."""
     page = (DOCS / "keras-example.md").read_text()
-    assert "import keras" in page  # the Keras script is there, beside it
-    rng = np.random.default_rng(0)
-    centers = rng.normal(scale=0.5, size=(3, 20))  # three overlapping classes: the callbacks have work to do
-    labels = rng.integers(0, 3, 300)
-    features = (centers[labels] + rng.normal(size=(300, 20))).astype("float32")
-    namespace = {"X": features[:240], "y": labels[:240], "X_test": features[240:], "y_test": labels[240:]}
+    runnable = [block for block in python_blocks(page) if not block.startswith("# not run here")]
+    assert len(runnable) == len(python_blocks(page)) - 1  # only the Keras script is left out
+    namespace: dict = {"__name__": "keras_example"}
     monkeypatch.chdir(tmp_path)
-    torch.manual_seed(0)
-    exec(compile(kerastorch_block(page), "keras-example.md", "exec"), namespace)
+    for number, code in enumerate(runnable, 1):
+        exec(compile(code, f"keras-example.md, block {number}", "exec"), namespace)
     history, model = namespace["history"], namespace["model"]
     assert list(history.columns[:6]) == ["epoch", "train_loss", "train_accuracy", "lr", "val_loss", "val_accuracy"]
     assert history["val_accuracy"].max() > 0.7  # it learned (chance is 1/3)

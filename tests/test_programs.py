@@ -105,6 +105,87 @@ def test_a_net_that_returns_its_own_loss_in_a_dict_trains_without_loss_fn():
     assert model.predict(DataLoader(rows, batch_size=16)).shape == (64,)  # its "logits", labels left out
 
 
+class SpanFinder(nn.Module):
+    """A question-answering net as Hugging Face's: a loss when given both ends of the answer."""
+
+    def __init__(self, length=6):
+        super().__init__()
+        self.ends = nn.Linear(4, 2)
+        self.length = length
+
+    def forward(self, tokens, start_positions=None, end_positions=None):
+        start_logits, end_logits = self.ends(tokens).unbind(-1)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = (
+                nn.functional.cross_entropy(start_logits, start_positions)
+                + nn.functional.cross_entropy(end_logits, end_positions)
+            ) / 2
+        return {"loss": loss, "start_logits": start_logits, "end_logits": end_logits}
+
+
+def answer_spans(n=32, length=6):
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randn(n, length, 4, generator=g)
+    start = tokens[:, :, 0].argmax(1)
+    return [{"tokens": tokens[i], "start_positions": start[i], "end_positions": start[i]} for i in range(n)]
+
+
+def test_a_question_answering_batch_refused_for_its_labels_offers_the_labels_at_that_trains_it():
+    torch.manual_seed(0)
+    net = SpanFinder()
+    before = weights_of(net)
+    data = DataLoader(answer_spans(), batch_size=8)
+    with pytest.raises(ValueError) as refused:
+        kt.KerasModel(net, loss_fn=None).fit(data, epochs=1, verbose=0)
+    message = str(refused.value)
+    assert "which has no labels" in message
+    assert "Its keys 'start_positions' and 'end_positions' are the labels of a question-answering model" in message
+    assert "pass labels_at='start_positions'" in message and "'end_positions' included" in message
+    assert same_weights(net, before)
+
+    # What it offers trains: the net gets both keys and its own loss is the history's train_loss.
+    model = kt.KerasModel(
+        net, loss_fn=None, optimizer=torch.optim.Adam(net.parameters(), lr=0.05), labels_at="start_positions"
+    )
+    history = model.fit(data, epochs=5, verbose=0)
+    assert history["train_loss"].iloc[-1] < 0.8 * history["train_loss"].iloc[0]
+
+
+def test_a_dict_batch_with_a_key_named_like_labels_is_told_about_it():
+    rows = [{"x": torch.randn(3), "class_label": 1} for _ in range(8)]
+    with pytest.raises(ValueError, match=r"Its key 'class_label' looks like labels: pass labels_at='class_label'"):
+        kt.KerasModel(nn.Linear(3, 2), nn.CrossEntropyLoss()).fit(DataLoader(rows, batch_size=4), verbose=0)
+
+
+@pytest.mark.slow
+def test_a_hugging_face_question_answering_model_trains_with_the_labels_at_its_refusal_offers():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=16,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    net = transformers.BertForQuestionAnswering(config)  # built from its config: nothing downloaded
+    ids = torch.randint(0, 50, (32, 12))
+    rows = [
+        {"input_ids": ids[i], "attention_mask": torch.ones(12, dtype=torch.long),
+         "start_positions": torch.tensor(i % 12), "end_positions": torch.tensor((i + 2) % 12)}
+        for i in range(32)
+    ]  # fmt: skip
+    data = DataLoader(rows, batch_size=8)
+    with pytest.raises(ValueError, match=r"pass labels_at='start_positions'") as refused:
+        kt.KerasModel(net, loss_fn=None).fit(data, epochs=1, verbose=0)
+    assert "'end_positions' included" in str(refused.value)
+    model = kt.KerasModel(net, loss_fn=None, labels_at="start_positions")
+    history = model.fit(data, epochs=2, verbose=0)
+    assert list(history.columns) == ["epoch", "train_loss", "lr"] and history["train_loss"].notna().all()
+    net.eval()
+    with torch.no_grad():  # the model's own loss of both ends, as Hugging Face computes it, batch by batch
+        own = torch.stack([net(**batch).loss for batch in data]).mean().item()
+    assert model.evaluate(data, quiet=True)["val_loss"] == pytest.approx(own, rel=1e-5)
+
+
 def test_without_loss_fn_a_net_that_returns_no_loss_fails_before_training_saying_what_it_called():
     class Net(nn.Module):
         def __init__(self):

@@ -12,8 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import kerastorch as kt
-from kerastorch.callbacks.training_state import training_state_path
-from kerastorch.files.state import load_state_file
+from kerastorch.files.state import load_state_file, training_state_path
 from kerastorch.files.weights import load_weights
 
 

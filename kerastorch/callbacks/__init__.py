@@ -4,6 +4,11 @@
 (``kerastorch[tensorboard]``, ``[wandb]``, ``[mlflow]``, ``[optuna]``), imported only when one
 of them is created. Inside a Ray Train worker ``fit`` adds its own ``RayTrainReport``
 (``ray_report.py``, ``kerastorch[ray]``), which reports every epoch to Ray.
+
+The training state that ``BackupAndRestore`` and ``fit(resume=True)`` write is
+``training_state.py``'s; what it holds besides the run's position (every optimizer, scheduler
+and grad scaler the model holds, the callbacks' states) is ``state_contents.py``'s, and what a
+saved state must match to resume is ``resume_checks.py``'s.
 """
 
 import importlib as _importlib

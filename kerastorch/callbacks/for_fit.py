@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..data.peek import num_batches
+from ..files.state import training_state_path
 from ..helpers.protocols import TrainableModel
 from ..settings import FitSettings, MonitorSettings
 from ..training.callback import may_read_ckpt_path
@@ -25,7 +26,7 @@ from .live_plot import LivePlot
 from .progress import ProgressBar
 from .ray_report import ray_train_report
 from .terminate_on_nan import TerminateOnNaN
-from .training_state import TrainingState, training_state_path, training_states_in
+from .training_state import TrainingState, training_states_in
 from .wandb_logger import WandbLogger
 
 

@@ -7,9 +7,11 @@ One machinery, two ways to ask for it:
 - :class:`~kerastorch.callbacks.BackupAndRestore` (Keras's callback) writes ``backup_dir`` after
   every epoch or every N training batches, and removes it when fit completes.
 
-The state holds everything the rest of the run depends on: the net's weights, the optimizer,
-the lr scheduler, the grad scaler, the history so far, the other callbacks' own state (early
-stopping's best score and wait, the best weights, an EMA's average ...), and, for each process,
+The state holds everything the rest of the run depends on: the net's weights, every optimizer,
+lr scheduler and grad scaler the model holds (fit's, and its own attributes such as a GAN's
+``self.d_optimizer``: :mod:`~kerastorch.callbacks.state_contents`), the history so far, the other
+callbacks' own state (early stopping's best score and wait, the best weights, an EMA's average ...),
+the training data's batch size and batches per epoch, and, for each process,
 every random number generator (python, numpy, torch on the CPU and each GPU, the DataLoader's
 shuffle, a Dataset's own generators, the worker processes') and where the training data is.
 Saved in the middle of an epoch (every N batches, or when fit is preempted), it also holds the
@@ -31,8 +33,10 @@ written before the later callbacks of its epoch instead when one may read it: a 
 and before training goes on when its copy would take more than half of the free host memory
 (:mod:`~kerastorch.files.host_memory`).
 A preempted run writes its state before it stops. A state whose loss is NaN or infinite
-is not written, so the state stays at the last good point. A state from ``k`` processes resumes
-under ``k`` processes. A finished run keeps its state (unless the callback removes it): running it
+is not written, so the state stays at the last good point. A state resumes only where it can go on
+exactly: under as many processes, with the same net, optimizers, metrics, batch size and batches per
+epoch (:mod:`~kerastorch.callbacks.resume_checks` refuses the rest, saying what differs); the file's
+format is :mod:`~kerastorch.files.state`'s. A finished run keeps its state (unless the callback removes it): running it
 again returns at once with its history and best weights, and a larger ``epochs`` trains on from
 where it ended. Delete the file, or pass ``resume=False``, to train from scratch.
 
@@ -44,7 +48,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Iterable, Optional, Union
 
@@ -56,16 +59,41 @@ from ..devices.host_memory import copy_too_large, host_tensor_bytes
 from ..devices.main_process import read_on_main_process
 from ..files.atomic import remove_stale_temporary_files
 from ..files.background import BackgroundWriter
-from ..files.state import load_state_file, to_plain, training_state_path, write_plain_state
+from ..files.state import (
+    STATE_FORMAT,
+    STATE_VERSION,
+    describe_position,
+    read_training_state,
+    to_plain,
+    write_plain_state,
+)
 from ..helpers.rng import capture_rng_state, restore_rng_state
-from ..strategies import strategy_of, unwrap
+from ..strategies import strategy_of
 from ..training.callback import ORDER_TRAINING_STATE, Callback
 from ..training.position import EpochResume, RunPosition
-from .monitor import MonitorCallback
+from ..training.snapshot import grad_scaler
+from .resume_checks import (
+    check_same_attributes,
+    check_same_batches,
+    check_same_metrics,
+    check_same_monitors,
+    check_same_processes,
+    check_state_fits,
+    monitored_values,
+)
+from .state_contents import (
+    attributes_state,
+    check_optimizers_found,
+    check_serializable,
+    data_shape,
+    keyed_callbacks,
+    load_attributes_state,
+    load_loss_state,
+    loss_state,
+    param_shapes,
+)
 from .terminate_on_nan import losses_are_finite
 
-STATE_FORMAT = "kerastorch.training_state"
-STATE_VERSION = 2
 SaveFreq = Union[str, int, bool]
 
 
@@ -119,6 +147,8 @@ class TrainingState(Callback):
         self.read_at_epoch_end = False  # a callback after it copies the file (Ray's report): written before it
         self._writer = BackgroundWriter("kerastorch-training-state")
         self._said_written_in_loop = False  # that host memory holds no copy of the state (said once a run)
+        self.batch_size: Optional[int] = None  # of the training data, read when training begins
+        self.batches_per_epoch: Optional[int] = None
 
     def attach(
         self,
@@ -153,14 +183,17 @@ class TrainingState(Callback):
             # A run killed in the middle of a write leaves a temporary file beside the state; the
             # real file is whole. (Those beside ckpt_path go in KeptWeights.begin, every run.)
             remove_stale_temporary_files(self.path)
-        self.check_serializable()
-        state = read_on_main_process(self.path, load_state_file) if self.resume else None  # rank 0's file, for all
+        check_serializable(self.model, self.callbacks)
+        check_optimizers_found(self.model)
+        self.batch_size, self.batches_per_epoch = data_shape(self.loaders[0] if self.loaders else None)
+        state = read_on_main_process(self.path, read_training_state) if self.resume else None  # rank 0's, for all
         if state is not None:
-            state = upgraded(state, self.path)
             check_state_fits(state, self.model, self.path)
+            check_same_attributes(state, self.model, self.path)
             check_same_monitors(state, self.callbacks, self.path)
             check_same_metrics(state, self.params.get("metrics"), self.path)
             check_same_processes(state, self.model, self.path)
+            check_same_batches(state, self.batch_size, self.batches_per_epoch, self.path)
             self.restore(state)
             if self.verbose and self.params.get("verbose", 1):
                 self.model.print(f"Resuming {describe_position(state)} from the training state in {self.path!r}.")
@@ -274,7 +307,7 @@ class TrainingState(Callback):
         takes part (its own random state, data position and meters are gathered); the main process
         gets the state, the others None."""
         model, optimizer = self.model, self.model.optimizer
-        scheduler, scaler, strategy = model.lr_scheduler, _grad_scaler(model), strategy_of(model)
+        scheduler, scaler, strategy = model.lr_scheduler, grad_scaler(model), strategy_of(model)
         main = model.is_main_process
         own = self.own_part(batches)
         parts = gather_to_main(own, model)
@@ -282,6 +315,7 @@ class TrainingState(Callback):
             return None
         weights = strategy.whole_weights(model.net)  # gathering whole tensors may need every process
         optimizer_state = strategy.whole_optimizer_state(optimizer)
+        own_attributes = attributes_state(model)
         if not main:
             return None
         return {
@@ -295,11 +329,14 @@ class TrainingState(Callback):
             "net": weights,
             "loss_fn": loss_state(model),
             "optimizer_type": type(optimizer).__name__,
-            "optimizer_param_shapes": _param_shapes(optimizer),
+            "optimizer_param_shapes": param_shapes(optimizer),
             "optimizer": optimizer_state,
             "lr_scheduler_type": type(scheduler).__name__ if scheduler is not None else None,
             "lr_scheduler": scheduler.state_dict() if scheduler is not None else None,
             "grad_scaler": scaler.state_dict() if scaler is not None else None,
+            "model_attributes": own_attributes,
+            "batch_size": self.batch_size,
+            "batches_per_epoch": self.batches_per_epoch,
             "callbacks": {key: cb.state_dict() for key, cb in keyed_callbacks(self.callbacks).items()},
             "monitors": monitored_values(self.callbacks),
             "processes": parts,
@@ -338,9 +375,10 @@ class TrainingState(Callback):
         strategy.load_whole_optimizer_state(model.optimizer, state["optimizer"])
         if model.lr_scheduler is not None:
             model.lr_scheduler.load_state_dict(state["lr_scheduler"])
-        scaler = _grad_scaler(model)
+        scaler = grad_scaler(model)
         if scaler is not None and state.get("grad_scaler"):
             scaler.load_state_dict(state["grad_scaler"])
+        load_attributes_state(model, state.get("model_attributes"))
         saved_callbacks = state.get("callbacks", {})
         for key, cb in keyed_callbacks(self.callbacks).items():
             if key in saved_callbacks:
@@ -366,16 +404,6 @@ class TrainingState(Callback):
         # Last, so nothing above draws from the generators the rest of the run starts from.
         restore_rng_state(own["rng"], self.loaders)
 
-    def check_serializable(self) -> None:
-        """Raise before training if some part of the state could not be written safely."""
-        model = self.model
-        to_plain(strategy_of(model).whole_optimizer_state(model.optimizer), "optimizer.state_dict()")
-        to_plain(
-            model.lr_scheduler.state_dict() if model.lr_scheduler is not None else None, "lr_scheduler.state_dict()"
-        )
-        for key, cb in keyed_callbacks(self.callbacks).items():
-            to_plain(cb.state_dict(), f"the {key} callback's state_dict()")
-
 
 def process_index(model: Any) -> int:
     """This process's rank among the run's processes (0 alone)."""
@@ -395,146 +423,11 @@ def gather_to_main(part: dict, model: Any) -> list[dict]:
     return gathered or []
 
 
-def upgraded(state: dict, path: str) -> dict:
-    """A state written by version 1 (one random state for every process, epochs only) read as version 2."""
-    if state.get("format") == STATE_FORMAT and state.get("version") == 1 and "rng" in state:
-        state = dict(state, version=STATE_VERSION, batches=0, epoch_lr=None)
-        state["processes"] = [{"rng": state.pop("rng"), "data": {"pass": None, "workers": {}}, "meters": None}]
-        state["any_processes"] = True  # version 1 restored its one random state into every process
-    return state
-
-
-def describe_position(state: dict) -> str:
-    """``after epoch 3`` or ``in epoch 4 after batch 17``: where a saved run stopped."""
-    if state.get("batches"):
-        return f"in epoch {state['epoch'] + 1} after batch {state['batches']}"
-    return f"after epoch {state['epoch']}"
-
-
 def remove_training_state(path: str) -> None:
     """Remove a training state file and the temporary files beside it; its folder too if it is then empty."""
     remove_stale_temporary_files(path)
     if os.path.isfile(path):
         os.remove(path)
-
-
-def keyed_callbacks(callbacks: Iterable[Any]) -> dict[str, Any]:
-    """Callbacks by class name (``EarlyStopping``, ``EarlyStopping#2`` ...), the key their state is saved under."""
-    keyed: dict[str, Any] = {}
-    for cb in callbacks:
-        name = type(cb).__name__
-        key, n = name, 1
-        while key in keyed:
-            n += 1
-            key = f"{name}#{n}"
-        keyed[key] = cb
-    return keyed
-
-
-def check_state_fits(state: dict, model: Any, path: str) -> None:
-    """Refuse, before anything is loaded, a state saved from another net, optimizer or scheduler."""
-    fresh = f"Resume with the same net, optimizer and lr_scheduler, or delete {path!r} (or pass resume=False) to start fresh."
-    required = ("epoch", "history", "net", "optimizer_type", "optimizer_param_shapes", "optimizer", "processes")
-    if (
-        state.get("format") != STATE_FORMAT
-        or state.get("version") != STATE_VERSION
-        or any(k not in state for k in required)
-    ):
-        raise ValueError(
-            f"{path!r} is not a kerastorch training state (version {STATE_VERSION}). Delete it to start "
-            "fresh, or pass resume=False."
-        )
-    saved, current = state["net"], unwrap(model.net).state_dict()
-    problems = [f"{k} is missing from the saved state" for k in current if k not in saved]
-    problems += [f"{k} is in the saved state but not in this net" for k in saved if k not in current]
-    problems += [
-        f"{k} has shape {tuple(saved[k].shape)} there and {tuple(current[k].shape)} here"
-        for k in current
-        if k in saved and tuple(saved[k].shape) != tuple(current[k].shape)
-    ]
-    if problems:
-        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        raise ValueError(
-            f"The training state in {path!r} was saved from a different net: {'; '.join(problems[:3])}{more}. " + fresh
-        )
-    optimizer = model.optimizer
-    if state["optimizer_type"] != type(optimizer).__name__:
-        raise ValueError(
-            f"The training state in {path!r} was saved with a {state['optimizer_type']} optimizer, but "
-            f"this model has a {type(optimizer).__name__}. " + fresh
-        )
-    saved_shapes, current_shapes = (
-        [[list(s) for s in g] for g in state["optimizer_param_shapes"]],
-        _param_shapes(optimizer),
-    )
-    if saved_shapes != current_shapes:
-        raise ValueError(
-            f"The training state in {path!r} was saved with an optimizer over other parameters: "
-            f"{_describe_groups(saved_shapes)} there, {_describe_groups(current_shapes)} here. " + fresh
-        )
-    scheduler_type = type(model.lr_scheduler).__name__ if model.lr_scheduler is not None else None
-    if state.get("lr_scheduler_type") != scheduler_type:
-        raise ValueError(
-            f"The training state in {path!r} was saved with lr_scheduler={state.get('lr_scheduler_type')}, "
-            f"but this model has lr_scheduler={scheduler_type}. " + fresh
-        )
-    history, epoch = state.get("history"), state.get("epoch")
-    ends_at_its_epoch = isinstance(history, list) and (
-        history[-1].get("epoch") == epoch if history else state.get("batches", 0) > 0  # inside the first epoch
-    )
-    if not ends_at_its_epoch or not isinstance(state.get("processes"), list) or not state["processes"]:
-        raise ValueError(
-            f"The training state in {path!r} is inconsistent (its history does not end at its epoch). "
-            "Delete it to start fresh, or pass resume=False."
-        )
-
-
-def check_same_processes(state: dict, model: Any, path: str) -> None:
-    """A state holds each process's random state and data position: it resumes under as many processes."""
-    saved = len(state["processes"])
-    runtime = getattr(model, "runtime", None)
-    current = runtime.num_processes if runtime is not None else 1
-    if saved != current and not state.get("any_processes"):
-        raise ValueError(
-            f"The training state in {path!r} was saved by {saved} process(es), and this run has {current}: each "
-            f"process's random state and place in the data are part of it. Resume with devices={saved} (or the "
-            "same launcher command), or delete it (or pass resume=False) to start fresh."
-        )
-
-
-def check_same_metrics(state: dict, names: Optional[list], path: str) -> None:
-    """A resumed run must log the metrics the saved one logged: the history's columns would mix."""
-    if names is None or not state.get("history"):
-        return
-    saved = {k for row in state["history"] for k in row if k.startswith("train_") and k != "train_loss"}
-    current = {k for k in names if k.startswith("train_") and k != "train_loss"}
-    if saved != current:
-        raise ValueError(
-            f"The training state in {path!r} was saved with the metrics {sorted(m[6:] for m in saved)}, but this run "
-            f"has {sorted(m[6:] for m in current)}: the history would mix columns. Resume with the same metrics_dict, "
-            "or delete the state file (or pass resume=False) to start fresh."
-        )
-
-
-def monitored_values(callbacks: Iterable[Any]) -> dict[str, list]:
-    """What each monitoring callback (early stopping, best weights) watches: ``{key: [monitor, mode]}``."""
-    return {
-        key: [cb.monitor, cb.mode] for key, cb in keyed_callbacks(callbacks).items() if isinstance(cb, MonitorCallback)
-    }
-
-
-def check_same_monitors(state: dict, callbacks: Iterable[Any], path: str) -> None:
-    """A best score kept for one value must not be compared with another."""
-    saved = state.get("monitors", {})
-    for key, (monitor, mode) in monitored_values(callbacks).items():
-        if key in saved and list(saved[key]) != [monitor, mode]:
-            was_monitor, was_mode = saved[key]
-            raise ValueError(
-                f"The training state in {path!r} was saved with {key} watching monitor={was_monitor!r}, "
-                f"mode={was_mode!r}; this run asks for monitor={monitor!r}, mode={mode!r}, so its best score would "
-                f"be compared with another value. Resume with monitor={was_monitor!r}, mode={was_mode!r}, or delete "
-                f"{path!r} (or pass resume=False) to start fresh."
-            )
 
 
 def resumed_history(callbacks: Iterable[Any]) -> list[dict]:
@@ -550,42 +443,4 @@ def training_states_in(callbacks: Iterable[Any]) -> list[TrainingState]:
     return [cb for cb in callbacks if isinstance(cb, TrainingState)]
 
 
-# -- a loss that is a module: its learned parameters and buffers ----------------------------------
-
-
-def loss_state(model: Any) -> Optional[dict]:
-    """The loss's parameters and buffers (a learned temperature, a running count), or None for a
-    loss that keeps nothing: its optimizer moments are in the optimizer's state already."""
-    loss_fn = model.loss_fn
-    if not isinstance(loss_fn, torch.nn.Module):
-        return None
-    state = {k: v.detach().to("cpu", copy=True) for k, v in loss_fn.state_dict().items()}
-    return state or None
-
-
-def load_loss_state(model: Any, state: Optional[dict]) -> None:
-    """Put back what :func:`loss_state` saved; a loss that keeps nothing has nothing to load."""
-    if state is None:
-        return
-    if not isinstance(model.loss_fn, torch.nn.Module):
-        raise ValueError(
-            f"The training state holds the state of a loss module ({', '.join(state)}), but this model's loss_fn "
-            f"is a {type(model.loss_fn).__name__}. Resume with the same loss, or pass resume=False to start fresh."
-        )
-    model.loss_fn.load_state_dict(state)
-
-
-def _grad_scaler(model: Any) -> Any:
-    runtime = getattr(model, "runtime", None)
-    return getattr(runtime, "scaler", None)
-
-
-def _param_shapes(optimizer: Any) -> list[list[list[int]]]:
-    return [[list(p.shape) for p in group["params"]] for group in optimizer.param_groups]
-
-
-def _describe_groups(groups: list) -> str:
-    return " + ".join(f"{len(g)} tensors ({sum(math.prod(s) for s in g)} numbers)" for g in groups) or "no parameters"
-
-
-__all__ = ["TrainingState", "check_save_freq", "resumed_history", "training_state_path", "training_states_in"]
+__all__ = ["TrainingState", "check_save_freq", "resumed_history", "training_states_in"]

@@ -224,40 +224,41 @@ class ArrayDataset(Dataset):
                 sample = Inputs(sample)
         return sample if self.weight is None else WeightedSample(sample, self.weight[index])
 
-    def rows(self, indices: torch.Tensor) -> Any:
-        """The batch torch's ``default_collate`` makes of the samples at ``indices`` (an int64 tensor),
-        read with one index per array: a tuple of samples collates into a list, a named tuple and a dict
-        keep their type, tensors are stacked (see :mod:`~kerastorch.data.indexed`)."""
+    def __getitems__(self, indices: list[int]) -> Any:
+        """The batch of the samples at ``indices``, read with one index per array instead of one per
+        sample: what torch's ``default_collate`` makes of ``[self[i] for i in indices]``, to the bit and
+        in the same memory layout (a tuple of samples collates into a list, a named tuple and a dict keep
+        their type, tensors are stacked), in about a tenth of the time for small rows.
+
+        torch's fetcher calls a dataset's ``__getitems__`` with a batch's indices; the loaders kerastorch
+        builds over arrays hand the batch on as it is (:func:`~kerastorch.data.loaders.loader_for`), as
+        Keras does for the arrays it batches."""
+        rows = torch.as_tensor(indices, dtype=torch.int64)
         if isinstance(self.arrays, dict):
-            batch: Any = {key: _rows(value, indices) for key, value in self.arrays.items()}
+            batch: Any = {key: _rows(value, rows) for key, value in self.arrays.items()}
         else:
-            columns = [_rows(value, indices) for value in self.arrays]
+            columns = [_rows(value, rows) for value in self.arrays]
             if len(columns) == 1:
                 batch = columns[0]
             else:
                 batch = Inputs(columns) if self.inputs_only else columns  # type: ignore[arg-type]  # collate's list
-        return batch if self.weight is None else WeightedSample(batch, self.weight[indices])
+        return batch if self.weight is None else WeightedSample(batch, _rows(self.weight, rows))
 
-    def tensors(self) -> list[torch.Tensor]:
-        """Every tensor the samples are read from."""
-        columns = list(self.arrays.values()) if isinstance(self.arrays, dict) else list(self.arrays)
-        found = [tensor for column in columns for tensor in _tensors_of(column)]
-        return found if self.weight is None else [*found, self.weight]
+
+def batch_as_read(batch: Any) -> Any:
+    """The ``collate_fn`` of a loader over an :class:`ArrayDataset`: its ``__getitems__`` made the batch."""
+    return batch
 
 
 def _rows(column: Any, indices: torch.Tensor) -> Any:
     if isinstance(column, LabelGroup):  # a sample's labels are a tuple (collated into a list) or a dict
         labels = column.labels
         if isinstance(labels, dict):
-            return {key: value[indices] for key, value in labels.items()}
-        return [value[indices] for value in labels]
-    return column[indices]
-
-
-def _tensors_of(column: Any) -> list[torch.Tensor]:
-    if isinstance(column, LabelGroup):
-        return list(column.labels.values()) if isinstance(column.labels, dict) else list(column.labels)
-    return [column]
+            return {key: _rows(value, indices) for key, value in labels.items()}
+        return [_rows(value, indices) for value in labels]
+    # Laid out row by row, as a stack of rows is (an index keeps a channels-last or transposed layout);
+    # contiguous() hands back the very tensor when it already is.
+    return column[indices].contiguous()
 
 
 def array_dataset(
@@ -335,6 +336,7 @@ __all__ = [
     "LabelGroup",
     "array_dataset",
     "as_labels",
+    "batch_as_read",
     "as_tensor",
     "is_array",
     "is_array_group",

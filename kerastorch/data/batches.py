@@ -12,6 +12,8 @@ from accelerate.utils import concatenate, recursively_apply
 T = TypeVar("T")
 
 LABEL_KEYS = ("labels", "label", "y")
+# Hugging Face's question-answering models are trained by two label keys: the answer's first and last token.
+ANSWER_SPAN_KEYS = ("start_positions", "end_positions")
 SAMPLE_WEIGHT_KEY = "sample_weight"  # per-sample weights in a dict batch
 
 EXPECTED_BATCHES = (
@@ -92,9 +94,38 @@ def split_batch(batch: Any, labels_at: Optional[Union[int, str]] = None) -> tupl
         position = len(batch) - 1 if labels_at is None else _position(batch, labels_at)
         return tuple(batch[:position]) + tuple(batch[position + 1 :]), {}, batch[position]
     raise BatchError(
-        f"Got {_describe(batch)} as a batch, which has no labels. kerastorch expects {EXPECTED_BATCHES}. "
-        "Make your Dataset return (features, label), or override KerasModel.forward_batch for another layout "
+        f"Got {_describe(batch)} as a batch, which has no labels. kerastorch expects {EXPECTED_BATCHES}."
+        + (labels_at_hint(batch) if isinstance(batch, dict) else "")
+        + " Make your Dataset return (features, label), or override KerasModel.forward_batch for another layout "
         "(or train_step, which needs no labels, for a GAN or an autoencoder of your own)."
+    )
+
+
+def labels_at_hint(batch: dict) -> str:
+    """For a dict batch without a labels key: the keys that look like labels, and the ``labels_at`` that
+    reads them ("" when none does). Hugging Face's names: a key with ``label`` in it, or a question-answering
+    model's ``start_positions`` and ``end_positions``.
+
+    >>> "pass labels_at='start_positions'" in labels_at_hint({"input_ids": 0, "start_positions": 1, "end_positions": 2})
+    True
+    >>> labels_at_hint({"input_ids": 0})
+    ''
+    """
+    keys = [key for key in batch if isinstance(key, str)]
+    span = [key for key in ANSWER_SPAN_KEYS if key in keys]
+    found = span or [key for key in keys if "label" in key.lower()]
+    if not found:
+        return ""
+    named = " and ".join(repr(key) for key in found)
+    plural = len(found) > 1
+    if span:
+        what = f"{named} {'are' if plural else 'is'} the labels of a question-answering model (Hugging Face's names)"
+    else:
+        what = f"{named} look{'' if plural else 's'} like labels"
+    others = f", {' and '.join(repr(key) for key in found[1:])} included," if plural else ""
+    return (
+        f" Its key{'s' if plural else ''} {what}: pass labels_at={found[0]!r} to read them. With loss_fn=None the "
+        f"net then gets the whole batch{others} and its output's loss trains it; the metrics get {found[0]!r}."
     )
 
 

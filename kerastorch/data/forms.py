@@ -12,8 +12,8 @@ Each adapter knows what applies to its form (``batch_size``, ``y``, ``sample_wei
 Keras's ``validation_split``), refuses what does not with a message saying what to do,
 and makes the loader. :func:`adapt` picks the adapter; a new form is one more class in
 :data:`FORMS`. The batches they yield are read by :func:`~kerastorch.data.batches.unpack`.
-A DataLoader over tensors in memory, one the user made or one built here, reads each batch with one
-index per tensor instead of one per sample (:func:`~kerastorch.data.indexed.read_by_index`).
+A loader the user made is used as given; the loaders built here over arrays read each batch with one
+index per array instead of one per sample (:func:`~kerastorch.data.loaders.loader_for`).
 
 Arrays are read as Keras reads them (:func:`~kerastorch.data.arrays.array_dataset`): beside
 ``y``, and in ``predict``, a tuple or list is the net's inputs; alone, it is ``(x, y)`` or
@@ -37,7 +37,6 @@ from torch.utils.data import Dataset, IterableDataset, Subset
 
 from .arrays import array_dataset, as_tensor, is_array, is_array_group, is_label_group, num_samples
 from .batches import LABEL_KEYS
-from .indexed import read_by_index
 from .loaders import loader_for
 from .peek import num_batches
 
@@ -352,20 +351,17 @@ def prepare_data(
     steps_per_epoch: Optional[int] = None,
     validation_batch_size: Optional[int] = None,
     validation_steps: Optional[int] = None,
-    by_index: bool = True,
 ) -> tuple[Any, Any]:
     """``(train loader, val loader or None)`` from whatever ``fit`` was given. Batches the user
     made go through untouched (a Python list's NumPy arrays made tensors); arrays, tensors, DataFrames and
     Datasets become DataLoaders (validation batches of ``validation_batch_size``, else ``batch_size``, as in
-    Keras). A DataLoader over tensors in memory, the user's or kerastorch's, reads each batch with one index
-    per tensor: the same batches, sooner (:mod:`~kerastorch.data.indexed`); ``by_index=False`` leaves the
-    loaders as they are (a program's own runner gets the very loader it was given)."""
+    Keras). A loader the user made is the very loader returned; those built over arrays read each batch with
+    one index per array (:func:`~kerastorch.data.loaders.loader_for`)."""
     train = adapt(data.train, "train_data", y=data.y, sample_weight=data.sample_weight, keep_float64=keep_float64)
     val = None if data.val is None else adapt(data.val, "val_data", keep_float64=keep_float64)
     if validation_split:
         train, val = train.split(validation_split)
-    fetch = read_by_index if by_index else _as_given
-    train_loader = fetch(train.loader(batch_size, shuffle=shuffle, pin_memory=pin_memory, steps=steps_per_epoch))
+    train_loader = train.loader(batch_size, shuffle=shuffle, pin_memory=pin_memory, steps=steps_per_epoch)
     if val is None:
         return train_loader, None
     if validation_batch_size is not None and not val.builds_batches:
@@ -376,11 +372,7 @@ def prepare_data(
     # A validation loader the user made keeps its own batches, whatever batch_size says.
     val_batch_size = validation_batch_size or (batch_size if val.builds_batches else None)
     val_loader = val.loader(val_batch_size, shuffle=False, pin_memory=pin_memory, steps=validation_steps)
-    return train_loader, fetch(val_loader)
-
-
-def _as_given(loader: Any) -> Any:
-    return loader
+    return train_loader, val_loader
 
 
 def eval_loader(
@@ -391,15 +383,12 @@ def eval_loader(
     name: str = "data",
     sample_weight: Any = None,
     steps: Optional[int] = None,
-    by_index: bool = True,
 ) -> Any:
     """The loader ``evaluate(X, y)`` or ``predict(X)`` runs over (data order kept); ``predict``
     (``needs_labels=False``) also takes a generator. ``steps`` sizes the batches kerastorch makes
-    when ``batch_size`` is None (the caller takes that many batches); ``by_index`` as in
-    :func:`prepare_data`."""
+    when ``batch_size`` is None (the caller takes that many batches)."""
     form = adapt(data, name, y=y, sample_weight=sample_weight, needs_labels=needs_labels, one_pass=not needs_labels)
-    loader = form.loader(batch_size, shuffle=False, pin_memory=False, steps=steps)
-    return read_by_index(loader) if by_index else loader
+    return form.loader(batch_size, shuffle=False, pin_memory=False, steps=steps)
 
 
 __all__ = [

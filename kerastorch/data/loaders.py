@@ -18,7 +18,7 @@ from torch.utils.data import (
 )
 
 from ..settings import DEFAULT_BATCH_SIZE, DataSettings
-from .arrays import ArrayDataset, LabelGroup
+from .arrays import ArrayDataset, LabelGroup, batch_as_read
 from .batches import LABEL_KEYS, unpack
 from .peek import num_batches, rng_untouched
 from .resumable import resumable
@@ -27,6 +27,12 @@ from .sample_weights import ClassWeighted, check_weighted_loss, class_weight_tab
 
 def loader_for(dataset: Dataset, batch_size: Optional[int], shuffle: bool, pin_memory: bool) -> DataLoader:
     """The DataLoader kerastorch builds: ``batch_size`` (default 32), shuffled for training.
+
+    Over arrays (an :class:`~kerastorch.data.arrays.ArrayDataset`, or a ``Subset`` of one for
+    ``validation_split``) each batch is read with one index per array: torch's fetcher hands the
+    batch's indices to the dataset's ``__getitems__``, and the loader keeps the batch it makes
+    (:func:`~kerastorch.data.arrays.batch_as_read`). The sampler, and so the data order and the random
+    numbers drawn, are those of the same DataLoader without it.
 
     No worker processes: for data already in memory they only add copying; when loading a
     sample does real work (files, augmentation), pass your own
@@ -38,7 +44,16 @@ def loader_for(dataset: Dataset, batch_size: Optional[int], shuffle: bool, pin_m
         batch_size=batch_size or DEFAULT_BATCH_SIZE,
         shuffle=shuffle and not iterable,
         pin_memory=pin_memory,
+        collate_fn=batch_as_read if _holds_arrays(dataset) else None,  # None: torch's default_collate
     )
+
+
+def _holds_arrays(dataset: Dataset) -> bool:
+    """An :class:`~kerastorch.data.arrays.ArrayDataset`, or a ``Subset`` of one (whose ``__getitems__``
+    hands the indices on to it)."""
+    while type(dataset) is Subset:
+        dataset = dataset.dataset
+    return type(dataset) is ArrayDataset
 
 
 class EpochSteps:

@@ -73,7 +73,3 @@ def dry_run_first_batch(net: torch.nn.Module, data: Any, name: str, run: Callabl
 
 
 __all__ = ["NoBatchesError", "dry_run_first_batch", "first_batch", "num_batches", "rng_untouched"]
-
-
-def draw_pass_seed(loader: Any) -> None:  # TEMPORARY: used by data/indexed.py until it goes
-    torch.empty((), dtype=torch.int64).random_(generator=loader.generator)

@@ -317,19 +317,21 @@ def innermost_dataloader(loader: Any) -> Optional[DataLoader]:
     while loader is not None and seen < 6:
         if issubclass(type(loader), DataLoader):  # type(): accelerate's wrappers pretend to be DataLoaders
             return loader
-        inner = (
-            loader.__dict__.get("base_dataloader") or loader.__dict__.get("loader")
-            if hasattr(loader, "__dict__")
-            else None
-        )
-        loader, seen = inner, seen + 1
+        loader, seen = wrapped_loader(loader), seen + 1
     return None
+
+
+def wrapped_loader(loader: Any) -> Any:
+    """The loader a wrapper iterates, or None: accelerate's per-process loader keeps it as its public
+    ``base_dataloader``, kerastorch's wrappers (steps per epoch, class weights, this module's) as ``loader``."""
+    inner = getattr(loader, "base_dataloader", None)
+    return inner if inner is not None else getattr(loader, "loader", None)
 
 
 def resumable(loader: Any) -> Any:
     """``loader`` with a :class:`ResumableLoader` inside: around the loader accelerate's per-process
     loader iterates (which pulls one batch ahead), or around ``loader`` itself."""
-    inner = getattr(loader, "__dict__", {}).get("base_dataloader")
+    inner = getattr(loader, "base_dataloader", None)
     if inner is not None and not issubclass(type(loader), DataLoader):
         loader.base_dataloader = ResumableLoader(inner, looks_ahead=True)
         return loader
@@ -342,8 +344,7 @@ def resumable_inside(loader: Any) -> Optional[ResumableLoader]:
     while loader is not None and seen < 6:
         if isinstance(loader, ResumableLoader):
             return loader
-        attributes = getattr(loader, "__dict__", {})
-        loader, seen = attributes.get("base_dataloader") or attributes.get("loader"), seen + 1
+        loader, seen = wrapped_loader(loader), seen + 1
     return None
 
 

@@ -1,6 +1,8 @@
 """Where a run trains: Lightning's words for devices and precision (:mod:`~kerastorch.devices.words`),
 the machine's GPUs counted without initialising CUDA (:mod:`~kerastorch.devices.cuda`), the cluster
-environment that started this process (:mod:`~kerastorch.devices.environment`), the plan
+environment that started this process (:mod:`~kerastorch.devices.environment`, with what one is in
+:mod:`~kerastorch.devices.cluster` and SLURM's variables in :mod:`~kerastorch.devices.slurm`), how
+the processes of a job meet and how long they wait (:mod:`~kerastorch.devices.rendezvous`), the plan
 (this process, k forked workers, or one rank of a job: :mod:`~kerastorch.devices.plan`), the k
 worker processes started from a notebook (:mod:`~kerastorch.devices.launch`), the runtime the loop
 talks to (:mod:`~kerastorch.devices.runtime`), the net placed on it

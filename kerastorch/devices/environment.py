@@ -33,19 +33,11 @@ The launchers, in the order they are recognised (the first that matches wins):
 
 Rules worth knowing:
 
-- **SLURM.** Only a task that ``srun`` started is a rank. The batch script of ``sbatch``
-  (and an ``salloc`` shell) runs once, whatever ``--ntasks`` says: it is ``"local"``, and
-  when the job has several tasks, :attr:`ClusterEnvironment.warning` says that ``srun`` is
-  missing. Slurm marks its batch, interactive and extern steps with special step ids
-  (``SLURM_STEP_ID`` of -5, -6, -4, or 4294967291, 4294967290, 4294967292), which are not
-  ranks either. ``MASTER_ADDR`` is the environment's, else the first host of the step's
-  node list (``SLURM_STEP_NODELIST``, else ``SLURM_JOB_NODELIST``, else ``SLURM_NODELIST``),
-  expanded from Slurm's compressed form by :func:`expand_slurm_nodelist`. ``MASTER_PORT``
-  is the environment's, else the first port Slurm reserved for the step
-  (``SLURM_STEP_RESV_PORTS``, with ``srun --resv-ports``), else
-  ``20000 + (SLURM_JOB_ID % 1250) * 8 + SLURM_STEP_ID % 8`` -- the same number on every
-  task of a step, a different one for each of up to 8 steps of a job running at once,
-  and below Linux's ephemeral ports (32768 and up).
+- **SLURM** (:mod:`~kerastorch.devices.slurm`). Only a task that ``srun`` started is a rank:
+  the batch script of ``sbatch``, an ``salloc`` shell and a shell of ``srun --pty bash`` (a job
+  named ``bash`` or ``interactive``, as Lightning reads it) train alone, and say so once when the
+  job has several tasks. The tasks meet at the first host of the node list, on a port derived
+  from the job and step ids unless Slurm reserved one or ``MASTER_PORT`` is set.
 - **MPI inside SLURM.** ``mpirun`` in a SLURM job starts its ranks through daemons that
   ``srun`` launched, so each rank also carries the daemon's ``SLURM_PROCID``: MPI's
   variables win. When ``srun`` starts the ranks itself (``srun --mpi=pmi2``), both agree,
@@ -56,7 +48,9 @@ Rules worth knowing:
 
 A job whose variables are missing or contradict each other (a world size of 8 but no
 rank, a rank of 8 in a job of 8) raises :class:`ClusterEnvironmentError`, which says what
-was seen, what was expected and what to set: never a silent run of one process.
+was seen, what was expected and what to set: never a silent run of one process. What a
+cluster environment is lives in :mod:`~kerastorch.devices.cluster`; how the ranks then meet,
+and how long they wait for each other, in :mod:`~kerastorch.devices.rendezvous`.
 
 >>> env = cluster_environment({"SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "0", "SLURM_PROCID": "5",
 ...     "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_NODELIST": "gpu[07-08]",
@@ -71,82 +65,14 @@ was seen, what was expected and what to set: never a silent run of one process.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import re
 from collections.abc import Mapping
 from typing import Optional
 
+from .cluster import ONE_PROCESS, ClusterEnvironment, ClusterEnvironmentError, EnvironmentReader, env_port
+from .slurm import expand_slurm_nodelist, slurm_job_alone, srun_task
+
 NAMES = ("local", "torchrun", "slurm", "mpi", "kubeflow", "ray", "env")
-DEFAULT_PORT = 29500  # torchrun's, when nothing says which port
-SLURM_MAX_NORMAL_STEP_ID = 0xFFFFFFF0  # Slurm's special steps (batch, interactive, extern) have ids above it
-SLURM_MAX_NODES = 65536  # Slurm's own limit (MAX_SLURM_NODES): a longer list is a typo
-
-
-class ClusterEnvironmentError(RuntimeError):
-    """The launcher's variables are missing or contradict each other."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ClusterEnvironment:
-    """Who started this process and where it sits in the job: see :func:`cluster_environment`.
-
-    ``local_world_size`` (processes on this machine), ``node_rank`` and ``num_nodes`` are
-    None where the launcher does not say. ``hosts`` is the job's node list, expanded
-    (SLURM only). ``warning`` is set when the process runs alone although the launcher
-    allocated more (a SLURM batch script with several tasks, not started by ``srun``).
-    """
-
-    name: str
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    local_world_size: Optional[int] = 1
-    node_rank: Optional[int] = 0
-    num_nodes: Optional[int] = 1
-    master_addr: str = "127.0.0.1"
-    master_port: int = DEFAULT_PORT
-    launcher: str = "no launcher"
-    job_id: Optional[str] = None
-    hosts: tuple[str, ...] = ()
-    warning: Optional[str] = None
-
-    @property
-    def is_job(self) -> bool:
-        """True when this process is one rank of a job of several processes."""
-        return self.world_size > 1
-
-    def describe(self) -> str:
-        """The short text ``fit``'s first line prints: the launcher and the rank layout."""
-        if self.name == "local":
-            return f"one process in SLURM job {self.job_id}" if self.job_id else "one process"
-        who = f"SLURM job {self.job_id}" if self.name == "slurm" and self.job_id else self.launcher
-        text = f"{who}, rank {self.rank} of {self.world_size} (local {self.local_rank})"
-        if self.num_nodes is not None:
-            text += f" on {self.num_nodes} node" + ("s" if self.num_nodes != 1 else "")
-        return text
-
-    def torch_env(self) -> dict[str, str]:
-        """The variables ``torch.distributed``'s ``env://`` and accelerate read, with this job's values.
-
-        Export them before accelerate builds its state, and a job that SLURM or MPI started
-        forms its process group as one that torchrun started. Empty for ``"local"``.
-        """
-        if self.name == "local":
-            return {}
-        env = {
-            "RANK": str(self.rank),
-            "WORLD_SIZE": str(self.world_size),
-            "LOCAL_RANK": str(self.local_rank),
-            "MASTER_ADDR": self.master_addr,
-            "MASTER_PORT": str(self.master_port),
-        }
-        if self.local_world_size is not None:
-            env["LOCAL_WORLD_SIZE"] = str(self.local_world_size)
-        return env
-
-
-ONE_PROCESS = ClusterEnvironment(name="local")  # no launcher: this process runs alone
 
 
 def cluster_environment(environ: Optional[Mapping[str, str]] = None) -> ClusterEnvironment:
@@ -164,53 +90,18 @@ def cluster_environment(environ: Optional[Mapping[str, str]] = None) -> ClusterE
     >>> cluster_environment({"WORLD_SIZE": "4"})
     Traceback (most recent call last):
     ...
-    kerastorch.devices.environment.ClusterEnvironmentError: WORLD_SIZE=4 declares a job of 4 processes, but RANK is not set, so this process does not know which one it is. A launcher sets both (torchrun, accelerate launch, a Kubeflow PyTorchJob); if you set WORLD_SIZE yourself, set RANK (0 to 3) too, or unset WORLD_SIZE to train in one process.
+    kerastorch.devices.cluster.ClusterEnvironmentError: WORLD_SIZE=4 declares a job of 4 processes, but RANK is not set, so this process does not know which one it is. A launcher sets both (torchrun, accelerate launch, a Kubeflow PyTorchJob); if you set WORLD_SIZE yourself, set RANK (0 to 3) too, or unset WORLD_SIZE to train in one process.
     """
-    env = _Reader(os.environ if environ is None else environ)
-    for detect in (_ray, _torchrun, _mpi, _srun_task, _kubeflow_or_env):
+    env = EnvironmentReader(os.environ if environ is None else environ)
+    for detect in (_ray, _torchrun, _mpi, srun_task, _kubeflow_or_env):
         found = detect(env)
         if found is not None:
             return _checked(found, env)
-    return _local(env)
+    job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    return ClusterEnvironment(name="local", job_id=job_id, warning=slurm_job_alone(env))
 
 
-class _Reader:
-    """The environment, with integer parsing that names the variable when a value is not a number."""
-
-    def __init__(self, environ: Mapping[str, str]):
-        self.environ = environ
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.environ
-
-    def get(self, name: str) -> Optional[str]:
-        value = self.environ.get(name)
-        return None if value is None or value.strip() == "" else value.strip()
-
-    def first(self, *names: str) -> Optional[str]:
-        """The name of the first of ``names`` that is set."""
-        return next((name for name in names if self.get(name) is not None), None)
-
-    def integer(self, name: str, default: Optional[int] = None) -> Optional[int]:
-        value = self.get(name)
-        if value is None:
-            return default
-        try:
-            return int(value)
-        except ValueError:
-            raise ClusterEnvironmentError(
-                f"{name}={value!r} is not a whole number. {name} is read to place this process in its job; "
-                f"unset it or give it a whole number."
-            ) from None
-
-    def required_int(self, name: str, launcher: str, fix: str) -> int:
-        value = self.integer(name)
-        if value is None:
-            raise ClusterEnvironmentError(f"{launcher} started this process, but {name} is not set. {fix}")
-        return value
-
-
-def _checked(found: ClusterEnvironment, env: _Reader) -> ClusterEnvironment:
+def _checked(found: ClusterEnvironment, env: EnvironmentReader) -> ClusterEnvironment:
     """Refuse a layout that cannot be right: every rank would wait for ones that never come."""
     if found.world_size < 1:
         raise ClusterEnvironmentError(
@@ -248,12 +139,7 @@ def _checked(found: ClusterEnvironment, env: _Reader) -> ClusterEnvironment:
     return found
 
 
-def _port(env: _Reader) -> int:
-    port = env.integer("MASTER_PORT")
-    return DEFAULT_PORT if port is None else port
-
-
-def _ray(env: _Reader) -> Optional[ClusterEnvironment]:
+def _ray(env: EnvironmentReader) -> Optional[ClusterEnvironment]:
     # Every process Ray starts has RAY_RAYLET_PID; a Ray Train worker also has the torchrun-style
     # variables (and a process group already made). A torchrun started from a Ray task is torchrun's.
     if "RAY_RAYLET_PID" not in env or env.get("WORLD_SIZE") is None or "TORCHELASTIC_RUN_ID" in env:
@@ -269,11 +155,11 @@ def _ray(env: _Reader) -> Optional[ClusterEnvironment]:
         node_rank=env.integer("NODE_RANK"),
         num_nodes=None,
         master_addr=env.get("MASTER_ADDR") or "127.0.0.1",
-        master_port=_port(env),
+        master_port=env_port(env),
     )
 
 
-def _torchrun(env: _Reader) -> Optional[ClusterEnvironment]:
+def _torchrun(env: EnvironmentReader) -> Optional[ClusterEnvironment]:
     if "TORCHELASTIC_RUN_ID" not in env:
         return None
     fix = "torchrun sets it for each process it starts; start the script with torchrun or accelerate launch."
@@ -287,7 +173,7 @@ def _torchrun(env: _Reader) -> Optional[ClusterEnvironment]:
         node_rank=env.integer("GROUP_RANK"),
         num_nodes=env.integer("GROUP_WORLD_SIZE"),
         master_addr=env.get("MASTER_ADDR") or "127.0.0.1",
-        master_port=_port(env),
+        master_port=env_port(env),
     )
 
 
@@ -317,7 +203,7 @@ _MPI_FLAVOURS = (
 )
 
 
-def _mpi(env: _Reader) -> Optional[ClusterEnvironment]:
+def _mpi(env: EnvironmentReader) -> Optional[ClusterEnvironment]:
     flavour = next((f for f in _MPI_FLAVOURS if env.get(f[1]) is not None), None)
     if flavour is None:
         return None
@@ -326,7 +212,7 @@ def _mpi(env: _Reader) -> Optional[ClusterEnvironment]:
     fix = f"mpirun / mpiexec sets {rank_name} with {size_name}; start the script with it (or unset {size_name})."
     rank = env.required_int(rank_name, launcher, fix)
     try:
-        srun = _srun_task(env)
+        srun = srun_task(env)
     except ClusterEnvironmentError:  # the srun daemons' variables of mpirun in a SLURM job: not ours
         srun = None
     if srun is not None and (srun.rank, srun.world_size) == (rank, world_size):
@@ -361,102 +247,11 @@ def _mpi(env: _Reader) -> Optional[ClusterEnvironment]:
         node_rank=None,
         num_nodes=1 if local_world_size == world_size else None,
         master_addr=master_addr,
-        master_port=_port(env),
+        master_port=env_port(env),
     )
 
 
-def _srun_task(env: _Reader) -> Optional[ClusterEnvironment]:
-    """This process as a task of an ``srun`` step, or None (no SLURM, or a batch / salloc shell)."""
-    if env.get("SLURM_PROCID") is None:
-        return None  # an salloc shell, or not SLURM at all
-    step_id = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")
-    if step_id is None and env.get("SLURM_STEP_NUM_TASKS") is None:
-        return None  # the batch script of an older Slurm, which sets neither
-    if step_id is not None and not (step_id.isdigit() and int(step_id) < SLURM_MAX_NORMAL_STEP_ID):
-        return None  # the batch script, the interactive step of salloc, the extern step
-    size_name = "SLURM_STEP_NUM_TASKS" if env.get("SLURM_STEP_NUM_TASKS") is not None else "SLURM_NTASKS"
-    fix = "srun sets it for each task; start the script with srun."
-    world_size = env.required_int(size_name, "srun", fix)
-    rank = env.required_int("SLURM_PROCID", "srun", fix)
-    local_rank = env.integer("SLURM_LOCALID")
-    if local_rank is None:
-        if world_size > 1:
-            raise ClusterEnvironmentError(
-                f"srun started this process as task {rank} of {world_size}, but SLURM_LOCALID (its rank on this "
-                "machine, which picks its GPU) is not set. srun sets it for each task: start the script with srun."
-            )
-        local_rank = 0
-    node_rank = env.integer("SLURM_NODEID")
-    nodelist_name = env.first("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
-    hosts: tuple[str, ...] = ()
-    if nodelist_name is not None:
-        try:
-            hosts = tuple(expand_slurm_nodelist(env.get(nodelist_name) or ""))
-        except ValueError as error:
-            raise ClusterEnvironmentError(
-                f"{nodelist_name}={env.get(nodelist_name)!r} is not a Slurm node list: {error}. Set MASTER_ADDR to "
-                "the host of the task with rank 0 to skip reading it."
-            ) from None
-    master_addr = env.get("MASTER_ADDR")
-    if master_addr is None:
-        if not hosts and world_size > 1:
-            raise ClusterEnvironmentError(
-                f"srun started this process as task {rank} of {world_size}, but neither MASTER_ADDR nor a node list "
-                "(SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, SLURM_NODELIST) says where the tasks meet. Export "
-                "MASTER_ADDR (the host of task 0) before srun."
-            )
-        master_addr = hosts[0] if hosts else "127.0.0.1"
-    tasks_per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
-    num_nodes = env.integer("SLURM_STEP_NUM_NODES") or (len(hosts) if hosts else None)
-    local_world_size = _tasks_on_node(tasks_per_node, node_rank)
-    if local_world_size is None and num_nodes == 1:
-        local_world_size = world_size  # one node: every task is here
-    return ClusterEnvironment(
-        name="slurm",
-        launcher="SLURM srun",
-        rank=rank,
-        world_size=world_size,
-        local_rank=local_rank,
-        local_world_size=local_world_size,
-        node_rank=node_rank,
-        num_nodes=num_nodes,
-        master_addr=master_addr,
-        master_port=_slurm_port(env),
-        job_id=env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"),
-        hosts=hosts,
-    )
-
-
-def _slurm_port(env: _Reader) -> int:
-    """MASTER_PORT, else the step's first reserved port, else one derived from the job and step ids."""
-    port = env.integer("MASTER_PORT")
-    if port is not None:
-        return port
-    reserved = re.match(r"\d+", env.get("SLURM_STEP_RESV_PORTS") or "")
-    if reserved:
-        return int(reserved.group())
-    job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
-    if not job_id.isdigit():
-        return DEFAULT_PORT
-    step_id = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or "0"
-    step = int(step_id) if step_id.isdigit() else 0
-    return 20000 + (int(job_id) % 1250) * 8 + step % 8
-
-
-def _tasks_on_node(tasks_per_node: Optional[str], node_rank: Optional[int]) -> Optional[int]:
-    """The number of tasks on node ``node_rank`` from Slurm's ``2(x3),1`` form; None when unknown."""
-    if not tasks_per_node or node_rank is None:
-        return None
-    counts: list[int] = []
-    for part in tasks_per_node.split(","):
-        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-        if match is None:
-            return None
-        counts += [int(match.group(1))] * int(match.group(2) or 1)
-    return counts[node_rank] if node_rank < len(counts) else None
-
-
-def _kubeflow_or_env(env: _Reader) -> Optional[ClusterEnvironment]:
+def _kubeflow_or_env(env: EnvironmentReader) -> Optional[ClusterEnvironment]:
     world_size = env.integer("WORLD_SIZE")
     rank = env.integer("RANK")
     if world_size is None:
@@ -506,100 +301,8 @@ def _kubeflow_or_env(env: _Reader) -> Optional[ClusterEnvironment]:
         node_rank=env.integer("PET_NODE_RANK", rank) if kubeflow else None,
         num_nodes=env.integer("PET_NNODES", world_size) if kubeflow else None,
         master_addr=master_addr,
-        master_port=_port(env),
+        master_port=env_port(env),
     )
-
-
-def _local(env: _Reader) -> ClusterEnvironment:
-    job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
-    warning = None
-    tasks = env.integer("SLURM_NTASKS") if (env.get("SLURM_NTASKS") or "").isdigit() else None
-    if job_id is not None and tasks is not None and tasks > 1:
-        warning = (
-            f"This process runs in SLURM job {job_id}, which has {tasks} tasks, but srun did not start it (it is "
-            "the job's batch script or an salloc shell), so it trains alone. To train as one job of "
-            f"{tasks} processes, start the script with srun: `srun python train.py`."
-        )
-    return ClusterEnvironment(name="local", job_id=job_id, warning=warning)
-
-
-def expand_slurm_nodelist(nodelist: str) -> list[str]:
-    """Expand Slurm's compressed host list into host names, in order.
-
-    Follows Slurm's own rules (its ``hostlist.c``): hosts are separated by commas or
-    spaces (not those inside brackets); ``[...]`` holds numbers and ``lo-hi`` ranges,
-    comma-separated, each padded with zeros to the width of its first number as
-    written; text may follow the brackets; and several bracket groups in one name
-    multiply out, the last one varying fastest.
-
-    >>> expand_slurm_nodelist("node[01-04,07]")
-    ['node01', 'node02', 'node03', 'node04', 'node07']
-    >>> expand_slurm_nodelist("a[1-2],b3")
-    ['a1', 'a2', 'b3']
-    >>> expand_slurm_nodelist("rack[1-2]-gpu[8-10]")
-    ['rack1-gpu8', 'rack1-gpu9', 'rack1-gpu10', 'rack2-gpu8', 'rack2-gpu9', 'rack2-gpu10']
-    """
-    hosts: list[str] = []
-    for name in _split_outside_brackets(nodelist):
-        hosts += _expand_name(name)
-    return hosts
-
-
-def _split_outside_brackets(text: str) -> list[str]:
-    names, current, depth = [], "", 0
-    for char in text:
-        if char == "[":
-            if depth:
-                raise ValueError("a '[' inside brackets")
-            depth = 1
-        elif char == "]":
-            if not depth:
-                raise ValueError("a ']' without its '['")
-            depth = 0
-        if char in ", \t\n" and not depth:
-            if current:
-                names.append(current)
-            current = ""
-        else:
-            current += char
-    if depth:
-        raise ValueError("a '[' without its ']'")
-    if current:
-        names.append(current)
-    return names
-
-
-def _expand_name(name: str) -> list[str]:
-    """One name, its bracket groups multiplied out (``rack[1-2]n[1-3]``: 6 names)."""
-    open_at = name.find("[")
-    if open_at < 0:
-        return [name]
-    close_at = name.index("]", open_at)
-    prefix = name[:open_at]
-    numbers = _expand_numbers(name[open_at + 1 : close_at])
-    tails = _expand_name(name[close_at + 1 :])
-    if len(numbers) * len(tails) > SLURM_MAX_NODES:
-        raise ValueError(f"{name!r} names more than {SLURM_MAX_NODES} hosts, more than a Slurm cluster has")
-    return [f"{prefix}{number}{tail}" for number in numbers for tail in tails]
-
-
-def _expand_numbers(numbers: str) -> list[str]:
-    """``01-04,07`` -> ``01 02 03 04 07``: each range padded to the width of its first number."""
-    expanded = []
-    for part in numbers.split(","):
-        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
-        if match is None:
-            raise ValueError(f"{part!r} in brackets is neither a number nor a range lo-hi")
-        low, high = int(match.group(1)), int(match.group(2) or match.group(1))
-        if high < low:
-            raise ValueError(f"the range {part!r} runs backwards")
-        if high - low >= SLURM_MAX_NODES:
-            raise ValueError(
-                f"the range {part!r} names more than {SLURM_MAX_NODES} hosts, more than a Slurm cluster has"
-            )
-        width = len(match.group(1))
-        expanded += [str(number).zfill(width) for number in range(low, high + 1)]
-    return expanded
 
 
 __all__ = [

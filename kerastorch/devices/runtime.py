@@ -22,6 +22,7 @@ from accelerate.utils import patch_environment, recursively_apply
 from ..strategies import Strategy, strategy_for_net
 from .environment import ONE_PROCESS, ClusterEnvironment
 from .plan import Plan
+from .rendezvous import processes_met
 from .words import AUTOCAST_DTYPES, PARAM_DTYPES, TRUE_PRECISION_OF
 
 
@@ -174,7 +175,7 @@ def build_runtime(plan: Plan) -> Runtime:
     # accelerate has no device-id argument; its single-device override names the exact device. A rank on
     # the CPU says so too: Ray Train sets the override to the worker's GPU, which accelerator="cpu" declines.
     device = plan.single_device() or ("cpu" if in_job and plan.device_type == "cpu" else None)
-    with patch_environment(**({"ACCELERATE_TORCH_DEVICE": device} if device else {})):
+    with patch_environment(**({"ACCELERATE_TORCH_DEVICE": device} if device else {})), processes_met(plan.cluster):
         acc = Accelerator(cpu=plan.device_type == "cpu", mixed_precision="no")
     if acc.device.type == "cuda":
         # Tensors made on "cuda" without an index (by a loss or a metric) land on the run's device.

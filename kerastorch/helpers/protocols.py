@@ -1,6 +1,6 @@
-"""What the loop, the step and the run need from a model (and from the epochs they run):
-small Protocols, so that they are typed without importing :class:`~kerastorch.KerasModel`
-(which imports them)."""
+"""What the loop, the step, the strategies and the run need from a model, from the runtime they run
+on and from the epochs they run: small Protocols, so that every layer is typed without importing
+:class:`~kerastorch.KerasModel` or :class:`~kerastorch.devices.runtime.Runtime` (which sit above it)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,27 @@ class TrainableModel(Protocol):
     def print(self, *args: Any) -> None: ...
 
 
+class RunRuntime(Protocol):
+    """What a strategy and the loop use of the runtime a run trains on
+    (:class:`~kerastorch.devices.runtime.Runtime`)."""
+
+    device: torch.device
+    precision: str
+    num_processes: int
+    is_main_process: bool
+    scaler: Optional[Any]
+    strategy: Any
+
+    @property
+    def accelerator(self) -> Any: ...
+
+    def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor: ...
+
+    def autocast(self) -> Any: ...
+
+    def to_device(self, batch: Any) -> Any: ...
+
+
 class Epochs(Protocol):
     """How the loop trains and validates one epoch, and what it does when the epoch ends."""
 
@@ -55,4 +76,4 @@ class Epochs(Protocol):
     def end_epoch(self, logs: dict) -> None: ...
 
 
-__all__ = ["Epochs", "TrainableModel"]
+__all__ = ["Epochs", "RunRuntime", "TrainableModel"]

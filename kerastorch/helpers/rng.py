@@ -127,7 +127,7 @@ def data_generators(loader: Any) -> list[Any]:
         elif isinstance(obj, dict):
             children = list(obj.values()) if len(obj) <= _SEARCH_WIDTH else []
         else:
-            children = list(getattr(obj, "__dict__", {}).values())
+            children = list(vars(obj).values()) if hasattr(obj, "__dict__") else []
         for child in children:
             walk(child, depth_left - 1)
 

@@ -20,10 +20,14 @@ The defaults are those of one process holding the whole net.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ClassVar, Iterator, Optional
+from typing import Any, ClassVar, Iterator, Optional, TypeVar
 
 import torch
 from torch import nn
+
+from ..helpers.protocols import RunRuntime, TrainableModel
+
+R = TypeVar("R", bound=RunRuntime)  # the runtime a strategy is given back, adjusted
 
 
 class Strategy:
@@ -44,16 +48,21 @@ class Strategy:
     #: Why a process that ran out of memory cannot redo its batch alone in smaller pieces, or None.
     split_refusal: ClassVar[Optional[str]] = None
 
-    def check(self, model: Any) -> None:
+    def check(self, model: TrainableModel) -> None:
         """Refuse, before anything runs, a model this strategy cannot train (nothing to refuse by default)."""
 
-    def runtime_for(self, runtime: Any, model: Any, data: Any) -> Any:
+    def runtime_for(self, runtime: R, model: TrainableModel, data: Any) -> R:
         """The runtime adjusted to the net (the same one by default)."""
         return runtime
 
     @contextlib.contextmanager
     def training(
-        self, model: Any, runtime: Any, train_data: Any, val_data: Any, even_validation: bool = False
+        self,
+        model: TrainableModel,
+        runtime: RunRuntime,
+        train_data: Any,
+        val_data: Any,
+        even_validation: bool = False,
     ) -> Iterator[tuple[Any, Any]]:
         """Yield ``(train_loader, val_loader)`` for this process, with ``model.net`` (and the
         optimizer) as this strategy trains them; both are the user's objects again afterwards.
@@ -66,7 +75,7 @@ class Strategy:
         """The context of a batch whose gradients wait for the end of its accumulation group."""
         return contextlib.nullcontext()
 
-    def finish_accumulation(self, net: nn.Module, runtime: Any) -> None:
+    def finish_accumulation(self, net: nn.Module, runtime: RunRuntime) -> None:
         """A group whose batches all ran under :meth:`no_sync`: exchange its gradients now."""
 
     def forward_failed(self, net: nn.Module) -> None:
@@ -92,7 +101,7 @@ class Strategy:
         """Load a whole optimizer state (as :meth:`whole_optimizer_state` gives it)."""
         optimizer.load_state_dict(state)
 
-    def engine(self, runtime: Any) -> str:
+    def engine(self, runtime: RunRuntime) -> str:
         """What fit's first line says trains the processes (e.g. ``"DDP"``)."""
         return self.name
 
@@ -100,7 +109,7 @@ class Strategy:
         return f"{type(self).__name__}()"
 
 
-def foreign_parameters(model: Any) -> list[str]:
+def foreign_parameters(model: TrainableModel) -> list[str]:
     """What the optimizer updates besides the net's parameters, by name where one is known (a loss
     module's ``loss_fn.<name>``): tensors a strategy that exchanges the net's gradients leaves alone."""
     owned = {id(p) for p in model.net.parameters()}
@@ -113,7 +122,7 @@ def foreign_parameters(model: Any) -> list[str]:
     ]
 
 
-def refuse_foreign_parameters(model: Any, word: str, why: str) -> None:
+def refuse_foreign_parameters(model: TrainableModel, word: str, why: str) -> None:
     """Refuse, before training, an optimizer that updates tensors outside the net under a strategy
     that exchanges only the net's gradients (``why``: what that strategy does with the net's)."""
     foreign = foreign_parameters(model)

@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 from torch import nn
 
+from ..helpers.protocols import TrainableModel
 from .base import Strategy
 from .ddp import DDP
 from .fsdp import FSDP
@@ -91,7 +92,7 @@ def resolve(
     return alone if alone is not None else strategy_for_net(net)
 
 
-def strategy_of(model: Any) -> Strategy:
+def strategy_of(model: TrainableModel) -> Strategy:
     """The strategy ``model`` trains with now: its run's, or, outside a run, the one for its net as it is.
 
     Callbacks ask it for whole weights: ``strategy_of(self.model).whole_weights(self.model.net)``.
@@ -100,7 +101,7 @@ def strategy_of(model: Any) -> Strategy:
     return runtime.strategy if runtime is not None else strategy_for_net(model.net)
 
 
-def whole_weights_on_main(model: Any) -> Optional[dict]:
+def whole_weights_on_main(model: TrainableModel) -> Optional[dict]:
     """The net's whole weights on the main process (None on the others), for a callback that writes
     them. Every process calls it at the same point: gathering may need them all."""
     strategy = strategy_of(model)

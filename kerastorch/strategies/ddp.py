@@ -25,6 +25,7 @@ from torch import nn
 from ..data.batches import on_fewer_samples
 from ..data.peek import first_batch
 from ..helpers.modes import train_mode
+from ..helpers.protocols import RunRuntime, TrainableModel
 from .base import Strategy, refuse_foreign_parameters
 from .sharding import bare_module, shard_loaders, users_net_kept
 
@@ -55,7 +56,7 @@ class DDP(Strategy):
                 f"DDP(find_unused_parameters={self.find_unused_parameters!r}); use True, False or None (find out)."
             )
 
-    def check(self, model: Any) -> None:
+    def check(self, model: TrainableModel) -> None:
         refuse_foreign_parameters(
             model,
             "ddp",
@@ -65,7 +66,7 @@ class DDP(Strategy):
 
     @contextlib.contextmanager
     def training(
-        self, model: Any, runtime: Any, train_data: Any, val_data: Any, even_validation: bool = False
+        self, model: TrainableModel, runtime: RunRuntime, train_data: Any, val_data: Any, even_validation: bool = False
     ) -> Iterator[tuple[Any, Any]]:
         train_loader, val_loader = shard_loaders(runtime, train_data, val_data, even_validation)
         with users_net_kept(model, runtime) as users_net:
@@ -82,7 +83,7 @@ class DDP(Strategy):
             return net.no_sync()
         return contextlib.nullcontext()
 
-    def finish_accumulation(self, net: nn.Module, runtime: Any) -> None:
+    def finish_accumulation(self, net: nn.Module, runtime: RunRuntime) -> None:
         """A group that ended after the loop ran all its batches under ``no_sync``: average its
         gradients over the processes, as DDP's own all-reduce would have."""
         if not isinstance(net, nn.parallel.DistributedDataParallel) or runtime.num_processes == 1:
@@ -100,7 +101,7 @@ class DDP(Strategy):
         if isinstance(net, nn.parallel.DistributedDataParallel):
             net.require_forward_param_sync = False
 
-    def engine(self, runtime: Any) -> str:
+    def engine(self, runtime: RunRuntime) -> str:
         return runtime.accelerator.distributed_type.value
 
     def __repr__(self) -> str:
@@ -123,7 +124,7 @@ def ddp_options(accelerator: Any, find_unused_parameters: bool) -> Iterator[None
         accelerator.ddp_handler = handler
 
 
-def refuse_unused_parameters(model: Any, train_data: Any, runtime: Any) -> None:
+def refuse_unused_parameters(model: TrainableModel, train_data: Any, runtime: RunRuntime) -> None:
     """Refuse, before any weight changes, a net with trainable parameters its first batch leaves out."""
     unused = parameters_without_gradient(model, train_data, runtime)
     if unused:
@@ -137,7 +138,7 @@ def refuse_unused_parameters(model: Any, train_data: Any, runtime: Any) -> None:
         )
 
 
-def parameters_without_gradient(model: Any, train_data: Any, runtime: Any) -> list[str]:
+def parameters_without_gradient(model: TrainableModel, train_data: Any, runtime: RunRuntime) -> list[str]:
     """The names of the net's trainable parameters that the loss of the first training batch gives no
     gradient (a forward and backward pass in train mode; gradients, buffers and RNG put back)."""
     net = bare_module(model.net)

@@ -34,6 +34,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import nn
 
+from ..helpers.protocols import RunRuntime, TrainableModel
 from .base import Strategy, refuse_foreign_parameters
 from .fsdp_blocks import blocks_to_shard, check_tied_parameters
 from .sharding import bare_module, shard_loaders, users_net_kept
@@ -77,7 +78,7 @@ class FSDP(Strategy):
             )
         object.__setattr__(self, "wrap", classes)
 
-    def check(self, model: Any) -> None:
+    def check(self, model: TrainableModel) -> None:
         blocks = blocks_to_shard(model.net, tuple(self.wrap), self.spelled)
         check_tied_parameters(model.net, blocks, bool(self.wrap))
         refuse_foreign_parameters(model, "fsdp", "Only the net's parameters are sharded and their gradients exchanged.")
@@ -86,7 +87,7 @@ class FSDP(Strategy):
 
     @contextlib.contextmanager
     def training(
-        self, model: Any, runtime: Any, train_data: Any, val_data: Any, even_validation: bool = False
+        self, model: TrainableModel, runtime: RunRuntime, train_data: Any, val_data: Any, even_validation: bool = False
     ) -> Iterator[tuple[Any, Any]]:
         from .fsdp_engine import lockstep_validation, sharded_training
 
@@ -121,7 +122,7 @@ class FSDP(Strategy):
 
         load_optimizer_state_dict(optimizer, state)
 
-    def engine(self, runtime: Any) -> str:
+    def engine(self, runtime: RunRuntime) -> str:
         return "FSDP"
 
     def __repr__(self) -> str:

@@ -21,6 +21,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..data.peek import first_batch
+from ..helpers.protocols import RunRuntime, TrainableModel
 from .base import unwrap
 from .fsdp_blocks import blocks_to_shard
 from .sharding import DealtBatches
@@ -61,7 +62,7 @@ def shard_copy(net: nn.Module, wrap: tuple[type, ...] = (), precision: str = "32
 
 
 @contextlib.contextmanager
-def sharded_training(model: Any, precision: str, wrap: tuple[type, ...]) -> Iterator[None]:
+def sharded_training(model: TrainableModel, precision: str, wrap: tuple[type, ...]) -> Iterator[None]:
     """``model.net`` sharded, ``model.optimizer`` pointed at the shards; both given back whole at the end.
 
     Every process must run this, and leave it, together: gathering is a collective operation.
@@ -142,7 +143,7 @@ class LockstepBatches:
             self.forward(self.spare_batch)
 
 
-def lockstep_validation(loader: Any, users_loader: Any, model: Any, runtime: Any) -> LockstepBatches:
+def lockstep_validation(loader: Any, users_loader: Any, model: TrainableModel, runtime: RunRuntime) -> LockstepBatches:
     """``loader`` (this process's share of ``users_loader``) wrapped in :class:`LockstepBatches`."""
     most = None
     if not isinstance(loader, DealtBatches):

@@ -23,6 +23,8 @@ from torch import nn
 
 from ..data.batches import first_tensor
 from ..data.peek import dry_run_first_batch
+from ..helpers.protocols import TrainableModel
+from .base import R
 from .single import SingleDevice
 
 
@@ -32,9 +34,10 @@ class ModelParallel(SingleDevice):
     name = "model parallel"
     moves_net = False
 
-    def runtime_for(self, runtime: Any, model: Any, data: Any) -> Any:
+    def runtime_for(self, runtime: R, model: TrainableModel, data: Any) -> R:
         """Batches go to the net's first device; outputs, labels, loss and metrics live where they come out."""
-        return dataclasses.replace(runtime, device=input_device(model.net), output_device=output_device(model, data))
+        adjusted: Any = runtime  # the run's Runtime, a dataclass
+        return dataclasses.replace(adjusted, device=input_device(model.net), output_device=output_device(model, data))
 
 
 def parameter_devices(net: nn.Module) -> list[torch.device]:
@@ -68,7 +71,7 @@ def input_device(net: nn.Module) -> torch.device:
     return devices[0] if devices else torch.device("cpu")
 
 
-def output_device(model: Any, data: Any) -> torch.device:
+def output_device(model: TrainableModel, data: Any) -> torch.device:
     """Where the net's outputs come out: one batch through it, in eval mode, without gradients."""
     first_device = input_device(model.net)
     outputs = dry_run_first_batch(

@@ -23,8 +23,12 @@ from typing import Any, Iterator
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset
 
+from ..helpers.protocols import RunRuntime, TrainableModel
 
-def shard_loaders(runtime: Any, train_data: Any, val_data: Any, even_validation: bool = False) -> tuple[Any, Any]:
+
+def shard_loaders(
+    runtime: RunRuntime, train_data: Any, val_data: Any, even_validation: bool = False
+) -> tuple[Any, Any]:
     """This process's share of the training and validation loaders.
 
     ``even_validation`` shards the validation data like the training data, the same number of
@@ -39,7 +43,7 @@ def shard_loaders(runtime: Any, train_data: Any, val_data: Any, even_validation:
 
 
 @contextlib.contextmanager
-def users_net_kept(model: Any, runtime: Any) -> Iterator[nn.Module]:
+def users_net_kept(model: TrainableModel, runtime: RunRuntime) -> Iterator[nn.Module]:
     """While a strategy puts its wrapped net in ``model.net``: the user's net, put back afterwards (also
     after an error), and accelerate made to forget the wrapped net and loaders."""
     users_net = model.net

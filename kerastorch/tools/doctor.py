@@ -1,10 +1,11 @@
 """``model.doctor(...)``: the mistakes a training loop can see in seconds, said in plain words.
 
-A fixed list of checks runs on a few batches and returns a :class:`Diagnosis` of
-:class:`Finding` objects (``check``, ``severity`` "error" / "warning" / "info", ``message``
-with what was seen, ``fix`` with what to type instead). The checks that train — one batch
+A fixed list of checks runs on a few batches and returns a :class:`~kerastorch.tools.report.Diagnosis` of
+:class:`~kerastorch.tools.report.Finding` objects (``check``, ``severity`` "error" / "warning" / "info",
+``message`` with what was seen, ``fix`` with what to type instead). The checks of the model and its
+training live here, those of the data in :mod:`~kerastorch.tools.data_checks`. The checks that train — one batch
 overfitted for a few dozen steps, the first steps at the optimizer's rate — run inside
-:func:`~kerastorch.tools.snapshot.training_snapshot`, so afterwards the weights, buffers, optimizer,
+:func:`~kerastorch.training.snapshot.training_snapshot`, so afterwards the weights, buffers, optimizer,
 scheduler and every RNG are exactly as before: ``doctor`` changes nothing.
 
 Example::
@@ -16,105 +17,38 @@ Example::
 
 from __future__ import annotations
 
-import collections
-import dataclasses
-import hashlib
-import html
 import math
 from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, SequentialSampler
 
-from ..data.batches import unpack
 from ..data.forms import FitData, prepare_data
-from ..data.loaders import training_labels
 from ..data.peek import rng_untouched
-from ..devices.runtime import Runtime, runtime_for_net
+from ..devices.runtime import runtime_for_net
 from ..helpers.modes import eval_mode, train_mode
 from ..helpers.protocols import TrainableModel
 from ..settings import DataSettings, StepSettings
 from ..training.callback import Callback
 from ..training.callback_list import CallbackList
-from ..training.first_batch import broadcast_mismatch
+from ..training.first_batch_hints import broadcast_mismatch
 from ..training.labels import label_fix
 from ..training.loop import FitStep
 from ..training.snapshot import training_snapshot, workers_as_they_were
-
-SEVERITIES = ("error", "warning", "info")
-CLASSIFICATION_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss)
-LOGIT_LOSSES = (nn.CrossEntropyLoss, nn.BCEWithLogitsLoss)
-
-
-@dataclasses.dataclass(frozen=True)
-class Finding:
-    """One thing the doctor saw: which ``check``, how bad (``severity``), what (``message``), and the ``fix``."""
-
-    check: str
-    severity: str
-    message: str
-    fix: str = ""
-
-
-@dataclasses.dataclass
-class Diagnosis:
-    """The findings of :func:`doctor`, in the checks' order; printing shows errors first."""
-
-    findings: list[Finding]
-
-    @property
-    def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity == "error"]
-
-    @property
-    def warnings(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity == "warning"]
-
-    @property
-    def ok(self) -> bool:
-        """No error: training can start."""
-        return not self.errors
-
-    def by_severity(self) -> list[Finding]:
-        return sorted(self.findings, key=lambda f: SEVERITIES.index(f.severity))
-
-    def __str__(self) -> str:
-        if not self.findings:
-            return "doctor: no problems found."
-        lines = [f"doctor: {len(self.errors)} error(s), {len(self.warnings)} warning(s)"]
-        for finding in self.by_severity():
-            lines.append(f"[{finding.severity}] {finding.check}: {finding.message}")
-            if finding.fix:
-                lines.append(f"    fix: {finding.fix}")
-        return "\n".join(lines)
-
-    def _repr_html_(self) -> str:
-        rows = "".join(
-            f"<tr><td>{html.escape(f.severity)}</td><td><code>{html.escape(f.check)}</code></td>"
-            f"<td>{html.escape(f.message)}</td><td><code>{html.escape(f.fix)}</code></td></tr>"
-            for f in self.by_severity()
-        )
-        head = "<tr><th>severity</th><th>check</th><th>what was seen</th><th>what to do</th></tr>"
-        return f"<table>{head}{rows}</table>" if rows else "<p>doctor: no problems found.</p>"
+from .data_checks import (
+    CLASSIFICATION_LOSSES,
+    class_balance,
+    finite_inputs,
+    inputs_normalized,
+    shuffled,
+    train_val_overlap,
+)
+from .patient import Patient, batch_parts
+from .report import Diagnosis, Finding
 
 
 class DoctorError(ValueError):
     """``fit(doctor=True)`` found an error: training did not start."""
-
-
-@dataclasses.dataclass
-class Patient:
-    """What the checks look at: the model, a few batches of each set, the run's device."""
-
-    model: TrainableModel
-    runtime: Runtime
-    train_loader: Any
-    val_loader: Any
-    train_batches: list
-    val_batches: list
-    max_compared: int
-    overfit_steps: int
 
 
 def doctor(
@@ -194,19 +128,9 @@ def _first_batches(loader: Any, count: int) -> list:
     return batches
 
 
-def _parts(batch: Any) -> tuple[tuple, dict, Any]:
-    return unpack(batch)[:3]
-
-
-def _inputs_tensor(batch: Any) -> Optional[torch.Tensor]:
-    args, kwargs, _ = _parts(batch)
-    tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
-    return tensors[0] if tensors else None
-
-
 def _outputs_and_labels(patient: Patient, batch: Any) -> tuple[Any, Any]:
     model, runtime = patient.model, patient.runtime
-    args, kwargs, labels = _parts(runtime.to_device(batch))
+    args, kwargs, labels = batch_parts(runtime.to_device(batch))
     with eval_mode(model.net), torch.no_grad():
         return model.net(*args, **kwargs), labels
 
@@ -279,7 +203,7 @@ def labels_in_range(patient: Patient) -> list[Finding]:
         return []
     if isinstance(loss_fn, CLASSIFICATION_LOSSES) and preds.dim() >= 2 and labels.dim() == preds.dim() - 1:
         classes = preds.shape[1]
-        every = torch.cat([_parts(b)[2].reshape(-1) for b in patient.train_batches])
+        every = torch.cat([batch_parts(b)[2].reshape(-1) for b in patient.train_batches])
         outside = every[(every < 0) | (every >= classes)]
         if outside.numel():
             return [
@@ -380,154 +304,6 @@ def _squashed(patient: Patient) -> bool:
     return bool((preds >= 0).all() and (preds <= 1).all())
 
 
-def train_val_overlap(patient: Patient) -> list[Finding]:
-    if patient.val_loader is None:
-        return []
-    train_rows = _sample_hashes(patient.train_loader, patient.max_compared)
-    val_rows = _sample_hashes(patient.val_loader, patient.max_compared)
-    train_hashes, val_hashes = set(train_rows), set(val_rows)
-    shared = train_hashes & val_hashes
-    compared = f"({len(train_rows)} training and {len(val_rows)} validation samples compared)"
-    if not shared:
-        return [Finding("train_val_overlap", "info", f"No sample is in both sets {compared}.")]
-    # Tabular data with few distinct values repeats rows: a correct split then puts copies of
-    # training rows in the validation set about as often as the training rows repeat each other.
-    # A leak puts them there far more often.
-    counts = collections.Counter(train_rows)
-    repeated = sum(1 for row in train_rows if counts[row] > 1) / len(train_rows)
-    in_train = sum(1 for row in val_rows if row in train_hashes) / len(val_rows)
-    if repeated > 0 and in_train <= repeated + 0.1:
-        return [
-            Finding(
-                "train_val_overlap",
-                "info",
-                f"{in_train:.0%} of the validation samples also appear in the training data, about as often as "
-                f"the training samples repeat each other ({repeated:.0%} of them do) {compared}: duplicated rows, "
-                "as tabular data with few distinct values has, not a leak.",
-            )
-        ]
-    return [
-        Finding(
-            "train_val_overlap",
-            "warning",
-            f"{len(shared)} of the {len(val_hashes)} validation samples compared are also in the training "
-            f"data ({len(train_hashes)} training samples compared): the validation scores are too good.",
-            "Split the data once, before building the loaders (fit(X, y, validation_split=0.2), or "
-            "torch.utils.data.random_split), and drop duplicates.",
-        )
-    ]
-
-
-def _sample_hashes(loader: Any, limit: int) -> list:
-    """A hash of each of the first ``limit`` samples' inputs, in order (repeated rows repeat)."""
-    hashes: list = []
-    with rng_untouched(loader):
-        for batch in loader:
-            inputs = _inputs_tensor(batch)
-            if inputs is None or inputs.dim() == 0:
-                return hashes
-            for row in inputs.detach().cpu().contiguous():
-                hashes.append(hashlib.blake2b(row.numpy().tobytes(), digest_size=16).digest())
-                if len(hashes) >= limit:
-                    return hashes
-    return hashes
-
-
-def inputs_normalized(patient: Patient) -> list[Finding]:
-    found = [_inputs_tensor(b) for b in patient.train_batches]
-    tensors = [t.float() for t in found if t is not None and t.is_floating_point()]
-    if not tensors:
-        return []
-    values = torch.cat([t.reshape(t.shape[0], -1) for t in tensors])
-    mean, std = float(values.mean()), float(values.std())
-    per_feature = values.std(dim=0)
-    if abs(mean) > 5 or std > 10:
-        return [
-            Finding(
-                "inputs_normalized",
-                "warning",
-                f"The input features have mean {mean:.3g} and standard deviation {std:.3g}; nets train best "
-                "on inputs of mean about 0 and standard deviation about 1.",
-                "Standardize with the training data's statistics: x = (x - mean) / std (e.g. "
-                "sklearn.preprocessing.StandardScaler fitted on the training set).",
-            )
-        ]
-    if values.shape[1] > 1 and float(per_feature.max()) > 50 * max(float(per_feature.median()), 1e-12):
-        return [
-            Finding(
-                "inputs_normalized",
-                "warning",
-                f"The features' scales differ a lot: standard deviations from {float(per_feature.min()):.3g} "
-                f"to {float(per_feature.max()):.3g}.",
-                "Standardize each feature (x - mean) / std, with the training data's statistics.",
-            )
-        ]
-    return []
-
-
-def class_balance(patient: Patient) -> list[Finding]:
-    if not isinstance(patient.model.loss_fn, CLASSIFICATION_LOSSES + (nn.BCEWithLogitsLoss, nn.BCELoss)):
-        return []
-    first_labels = _parts(patient.train_batches[0])[2]
-    binary = isinstance(patient.model.loss_fn, (nn.BCEWithLogitsLoss, nn.BCELoss))
-    if binary and isinstance(first_labels, torch.Tensor) and first_labels.dim() >= 2 and first_labels.shape[-1] > 1:
-        return []  # multi-label tags: rare positives are their nature (pos_weight weights them if needed)
-    labels = training_labels(patient.train_loader)
-    if labels.numel() == 0:
-        return []
-    if labels.is_floating_point() and not bool(((labels == 0) | (labels == 1)).all()):
-        return []  # soft targets, no classes to count
-    labels = labels.long() if labels.is_floating_point() else labels
-    counts = torch.bincount(labels.reshape(-1).clamp_min(0))
-    present = counts[counts > 0]
-    if present.numel() < 2:
-        return [
-            Finding(
-                "class_balance",
-                "warning",
-                f"The training labels hold a single class ({int(labels[0])}).",
-                "Check the labels: a classifier needs examples of every class.",
-            )
-        ]
-    rare, common = int(present.min()), int(present.max())
-    if rare < 0.1 * common:
-        rarest = int(torch.nonzero(counts == rare)[0])
-        return [
-            Finding(
-                "class_balance",
-                "warning",
-                f"Class {rarest} has {rare} training samples against {common} for the most common class: the net "
-                "can score well by ignoring it.",
-                "fit(..., class_weight='balanced'), or a WeightedRandomSampler, or collect more samples of it."
-                + (
-                    f" With one output, nn.BCEWithLogitsLoss(pos_weight=torch.tensor([{common / rare:.3g}])) "
-                    "weights the positives too."
-                    if binary and rarest == 1
-                    else ""
-                ),
-            )
-        ]
-    return []
-
-
-def shuffled(patient: Patient) -> list[Finding]:
-    loader = patient.train_loader
-    if not isinstance(loader, DataLoader) or not isinstance(loader.sampler, SequentialSampler):
-        return []
-    labels = torch.cat([torch.as_tensor(_parts(b)[2]).reshape(-1).float() for b in patient.train_batches])
-    if labels.numel() > 1 and bool((labels[1:] >= labels[:-1]).all()):
-        return [
-            Finding(
-                "shuffled",
-                "warning",
-                f"The training loader is not shuffled and its first {labels.numel()} labels come sorted: each "
-                "epoch the net sees one class after another and forgets the earlier ones.",
-                "DataLoader(dataset, batch_size=..., shuffle=True), or fit(X, y) which shuffles.",
-            )
-        ]
-    return []
-
-
 def overfits_one_batch(patient: Patient) -> list[Finding]:
     batch = patient.train_batches[0]
     preds, labels = _outputs_and_labels(patient, batch)
@@ -599,32 +375,6 @@ def all_parameters_learn(patient: Patient) -> list[Finding]:
                 "Fine if on purpose (fine-tuning).",
             )
         )
-    return findings
-
-
-def finite_inputs(patient: Patient) -> list[Finding]:
-    findings = []
-    for which, batches in (("training", patient.train_batches), ("validation", patient.val_batches)):
-        for batch in batches:
-            args, kwargs, labels = _parts(batch)
-            for part, tensor in [("inputs", t) for t in (*args, *kwargs.values())] + [("labels", labels)]:
-                if (
-                    isinstance(tensor, torch.Tensor)
-                    and tensor.is_floating_point()
-                    and not bool(torch.isfinite(tensor).all())
-                ):
-                    bad = int((~torch.isfinite(tensor)).sum())
-                    findings.append(
-                        Finding(
-                            "finite_inputs",
-                            "error",
-                            f"The {which} {part} hold {bad} NaN or infinite value(s) in the first "
-                            "batches looked at: the loss will become NaN.",
-                            "Fill or drop missing values before training (e.g. df.fillna(...) or "
-                            "df.dropna()), and look for divisions by zero in the preprocessing.",
-                        )
-                    )
-                    return findings
     return findings
 
 

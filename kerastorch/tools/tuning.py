@@ -11,7 +11,8 @@ as ``fit`` alone.
 
 The suggestion is the learning rate where the smoothed loss falls fastest per unit of
 ``log10(lr)`` (the steepest descent), looked for between the start and the lowest point
-of the curve. The lowest point itself is too large a rate — just past it the loss blows
+of the curve; it is always one of the rates tried. A curve that never descends (lowest in
+its first steps) is said, with what to try. The lowest point itself is too large a rate — just past it the loss blows
 up — and the rule "minimum / 10" depends on how far the curve runs past its valley; the
 steepest descent is where a step in the learning rate buys the most progress, which is
 what training at that rate exploits (Smith's range test).
@@ -151,12 +152,13 @@ def lr_find(
         )
     history = pd.DataFrame({"lr": lrs[: len(raw)], "loss": _smoothed(raw, smoothing), "raw_loss": raw})
     suggestion = steepest_descent(history["lr"].to_numpy(), history["loss"].to_numpy())
-    if suggestion < finder.start_lr:
+    if not descends(history["loss"].to_numpy()):
         warnings.warn(
-            f"lr_find's suggestion {suggestion:.3g} lies below every rate it tried (from start_lr="
-            f"{finder.start_lr:g}): the loss was lowest in the first steps, so the curve shows no descent to read "
-            "it from. Search lower (lr_find(start_lr=...) 100x smaller) or on more steps (num_steps=...), and check "
-            "the data with model.doctor(...).",
+            f"lr_find: the smoothed loss never went down over the {len(raw)} rates it tried (from start_lr="
+            f"{finder.start_lr:g} to {history['lr'].iloc[-1]:.3g}): it was lowest in the first steps, so there is no "
+            f"descent to read a rate from, and the suggestion ({suggestion:.3g}, one of the rates tried) is a guess. "
+            "Try a start_lr 100x smaller, more steps (num_steps=100 or more, on more batches), and check the data "
+            "with model.doctor(...).",
             UserWarning,
             stacklevel=3,
         )
@@ -217,24 +219,39 @@ def scheduled_for_this_run(
 
 
 def steepest_descent(lrs: np.ndarray, losses: np.ndarray) -> float:
-    """The learning rate where ``losses`` fall fastest against ``log10(lrs)``, before their minimum.
+    """The learning rate where ``losses`` fall fastest against ``log10(lrs)``, before their minimum:
+    always one of ``lrs``, the rates tried.
 
     The slope at a point is measured across ``k = len // 20`` points on each side (at least
     one), so that batch-to-batch noise, large against the small steps of ``log10(lr)``, does
-    not pass for a descent.
+    not pass for a descent. A curve that never descends (:func:`descends`) gives the rate tried
+    closest below a tenth of its lowest point (the lowest rate tried, at worst).
 
     >>> lrs = np.geomspace(1e-4, 1, 5)
     >>> steepest_descent(lrs, np.array([2.0, 1.9, 1.0, 0.8, 3.0]))
     0.01
+    >>> steepest_descent(lrs, np.array([1.0, 1.5, 2.0, 3.0, 4.0]))  # never descends: the lowest rate tried
+    0.0001
     """
     lowest = int(np.argmin(losses))
     span = max(1, len(losses) // 20)
-    if lowest < 2 * span:
-        return float(lrs[lowest] / 10)  # no descent to measure: a tenth of the lowest point
+    if not descends(losses):
+        below = np.flatnonzero(lrs <= lrs[lowest] / 10)
+        return float(lrs[below[-1]] if len(below) else lrs[0])
     logs = np.log10(lrs)
     points = np.arange(span, lowest - span + 1)
     slopes = (losses[points + span] - losses[points - span]) / (logs[points + span] - logs[points - span])
     return float(lrs[int(points[np.argmin(slopes)])])
+
+
+def descends(losses: np.ndarray) -> bool:
+    """Whether a curve of losses goes down before its minimum: its lowest point comes after the first
+    ``2 * k`` points (``k = len // 20``, at least one), where a descent can be measured.
+
+    >>> descends(np.array([2.0, 1.9, 1.0, 0.8, 3.0])), descends(np.array([1.0, 0.99, 2.0, 3.0]))
+    (True, False)
+    """
+    return int(np.argmin(losses)) >= 2 * max(1, len(losses) // 20)
 
 
 def _smoothed(raw: list[float], smoothing: float) -> list[float]:
@@ -274,4 +291,12 @@ def _from_rank_zero(value: float) -> float:
     return float(box[0])
 
 
-__all__ = ["LRFinderResult", "OneCycle", "finder_for_fit", "lr_find", "scheduled_for_this_run", "steepest_descent"]
+__all__ = [
+    "LRFinderResult",
+    "OneCycle",
+    "descends",
+    "finder_for_fit",
+    "lr_find",
+    "scheduled_for_this_run",
+    "steepest_descent",
+]

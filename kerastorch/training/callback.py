@@ -160,7 +160,7 @@ def hooks_of(cb: Any) -> frozenset[str]:
     hooks = _CLASS_HOOKS.get(cls)
     if hooks is None:
         hooks = _CLASS_HOOKS[cls] = frozenset(hook for hook in HOOKS if _implements(getattr(cls, hook, None), hook))
-    set_here = getattr(cb, "__dict__", {}).keys() & HOOK_NAMES
+    set_here = (vars(cb).keys() if hasattr(cb, "__dict__") else set()) & HOOK_NAMES
     if set_here:
         hooks = (hooks - set_here) | {hook for hook in set_here if _implements(vars(cb)[hook], hook)}
     return hooks

@@ -40,7 +40,8 @@ def compiled_net(model, compile_options: Optional[dict]) -> Iterator[None]:
     strict = options.pop("strict", False)
     users_net = model.net
     # A net compiled by the user is compiled again from its module, with fit's options.
-    bare = users_net._orig_mod if isinstance(users_net, torch._dynamo.eval_frame.OptimizedModule) else users_net
+    compiled_before = isinstance(getattr(users_net, "_orig_mod", None), torch.nn.Module)  # torch.compile's wrapper
+    bare = users_net._orig_mod if compiled_before else users_net
     try:
         model.net = torch.compile(bare, **options)
     except Exception as error:  # a bad option, or no compiler backend on this machine

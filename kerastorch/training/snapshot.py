@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Mapping
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -28,6 +29,14 @@ from torch import nn
 
 from ..helpers.rng import capture_rng_state, restore_rng_state
 from ..strategies import unwrap
+
+# The objects whose state a training state keeps when the model holds them as attributes.
+STATEFUL_TYPES = (
+    torch.optim.Optimizer,
+    torch.optim.lr_scheduler.LRScheduler,
+    torch.optim.lr_scheduler.ReduceLROnPlateau,
+    torch.amp.GradScaler,
+)
 
 
 @contextlib.contextmanager
@@ -121,4 +130,40 @@ def workers_as_they_were(loaders: Iterable[Any]) -> Iterator[None]:
                 iterator._shutdown_workers()
 
 
-__all__ = ["TensorSnapshot", "trained_modules", "trained_tensors", "training_snapshot", "workers_as_they_were"]
+def model_attributes(model: Any) -> dict[str, Any]:
+    """The optimizers, schedulers and grad scalers the model holds as attributes, besides fit's own,
+    by name: ``{"d_optimizer": Adam(...), "optimizers[1]": SGD(...)}``. Each object once (the first
+    name that holds it), in the order the attributes were set."""
+    fits = [model.optimizer, model.lr_scheduler, grad_scaler(model)]
+    found: dict[str, Any] = {}
+    for name, value in _attributes_and_items(model):
+        if isinstance(value, STATEFUL_TYPES) and not any(value is seen for seen in [*fits, *found.values()]):
+            found[name] = value
+    return found
+
+
+def _attributes_and_items(model: Any) -> Iterator[tuple[str, Any]]:
+    for name, value in vars(model).items():
+        if isinstance(value, (list, tuple)):
+            yield from ((f"{name}[{i}]", item) for i, item in enumerate(value))
+        elif isinstance(value, Mapping):
+            yield from ((f"{name}[{key!r}]", item) for key, item in value.items())
+        else:
+            yield name, value
+
+
+def grad_scaler(model: Any) -> Any:
+    """fit's grad scaler (``precision="16-mixed"`` on CUDA), or None."""
+    return getattr(getattr(model, "runtime", None), "scaler", None)
+
+
+__all__ = [
+    "STATEFUL_TYPES",
+    "TensorSnapshot",
+    "grad_scaler",
+    "model_attributes",
+    "trained_modules",
+    "trained_tensors",
+    "training_snapshot",
+    "workers_as_they_were",
+]
