@@ -78,6 +78,7 @@ def fit_rows(tmp_path):
         "doctor": ({"doctor": True}, {}),
         "compile": ({"compile": True}, {}),
         "fsdp_wrap": ({"strategy": "fsdp", "fsdp_wrap": [nn.Linear]}, {"strategy": "fsdp"}),
+        "on_oom": ({"on_oom": "raise"}, {}),
     }
 
 
