@@ -18,7 +18,7 @@ Pass ``--export`` to export the resolved rank layout as torch's ``env://`` varia
 folder (as on machines without a shared disk); ``--epochs N`` for another number of epochs.
 
 :func:`train_in_ray_worker` is the same training as ``train_loop_per_worker`` of Ray Train's
-``TorchTrainer`` (tests/test_ray.py).
+``TorchTrainer`` (tests/devices/test_ray.py).
 """
 
 import argparse

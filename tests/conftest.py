@@ -34,6 +34,14 @@ def digits8():
 
 
 @pytest.fixture
+def digits(digits8):
+    """(train, val) loaders of digits8 in batches of 128 and 200, the training one shuffled."""
+    ds_train, ds_val = digits8
+    torch.manual_seed(0)
+    return DataLoader(ds_train, batch_size=128, shuffle=True), DataLoader(ds_val, batch_size=200)
+
+
+@pytest.fixture
 def loaders(digits8):
     ds_train, ds_val = digits8
     torch.manual_seed(0)
