@@ -20,7 +20,7 @@ export PYTHONUNBUFFERED=1
     python -c "import torch, accelerate, torchmetrics; print('torch', torch.__version__, 'accelerate', accelerate.__version__, 'torchmetrics', torchmetrics.__version__)"
 } >"$out/env.txt" 2>&1
 
-gpu_test_files=$(grep -l "mark.gpu\|needs_cuda" tests/test_*.py)
+gpu_test_files=$(grep -rl --include="test_*.py" "mark.gpu\|needs_cuda" tests)
 timeout 240 python -m pytest -m gpu -p no:cacheprovider -q -rs $gpu_test_files >"$out/gpu_tests.txt" 2>&1
 echo "pytest exit status $?" >>"$out/gpu_tests.txt"
 

@@ -308,6 +308,7 @@ class KerasModel(ModuleLike, ModelParts):
         doctor: bool = False,
         compile: Union[bool, str, dict] = False,
         fsdp_wrap: Optional[Sequence[type]] = None,
+        on_oom: str = "split",
     ) -> pd.DataFrame:
         """Train for ``epochs`` epochs and return the history, one row per epoch.
 
@@ -415,6 +416,12 @@ class KerasModel(ModuleLike, ModelParts):
                 parameters.
             doctor: run :meth:`doctor` first; print its report, and on an error stop before
                 training (:class:`~kerastorch.tools.doctor.DoctorError`).
+            on_oom: what a training step that runs out of memory does. ``"split"`` (the default) trains
+                that batch again as micro-batches (half its samples, then a quarter, ...) whose gradients
+                add up to the same update, says so once and keeps that size for the other batches;
+                validation does the same without gradients. ``"split_batchnorm"`` splits a net with
+                BatchNorm layers too (they then normalise over micro-batches), which ``"split"`` refuses.
+                ``"raise"``: torch's error, as it comes. See :mod:`kerastorch.training.out_of_memory`.
 
         Returns:
             The history, a pandas DataFrame (also kept as ``model.history``).

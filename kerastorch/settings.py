@@ -38,6 +38,7 @@ from .strategies import Strategy, parse_strategy
 
 DEFAULT_BATCH_SIZE = 32  # Keras's, for the loaders kerastorch builds from arrays and Datasets
 DEFAULT_PATIENCE = 5  # fit's patience="auto" when a value is monitored
+ON_OOM_CHOICES = ("split", "split_batchnorm", "raise")  # fit(on_oom=...): what a step that runs out of memory does
 AUTO = "auto"  # the word for "kerastorch decides" (monitor, patience, mode)
 
 
@@ -245,6 +246,7 @@ class StepSettings:
     clip_algorithm: str = "norm"
     scheduler_interval: str = "epoch"
     monitor: Optional[str] = "val_loss"  # what a ReduceLROnPlateau scheduler is stepped with
+    on_oom: str = "split"  # out of memory: "split" (micro-batches), "split_batchnorm" (BatchNorm too) or "raise"
 
     @classmethod
     def from_keywords(
@@ -256,11 +258,18 @@ class StepSettings:
         lr_scheduler: Any,
         lr_scheduler_interval: str,
         monitoring: MonitorSettings,
+        on_oom: Any,
         **other_groups: Any,
     ) -> StepSettings:
         """fit's keywords on how gradients become updates, checked; the model's scheduler is stepped
         at its ``lr_scheduler_interval``, a ``ReduceLROnPlateau`` with the monitored value."""
         check_whole_number("gradient_accumulation_steps", gradient_accumulation_steps, minimum=1)
+        if on_oom not in ON_OOM_CHOICES:
+            raise ValueError(
+                f"on_oom={on_oom!r}; use 'split' (the default: a batch that runs out of memory is trained as "
+                "micro-batches with the same update), 'split_batchnorm' (the same for a net with BatchNorm layers, "
+                "which then normalise over micro-batches) or 'raise' (torch's error, as it comes)."
+            )
         if monitoring.monitor is None and isinstance(lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             raise ValueError(
                 "The lr_scheduler is a ReduceLROnPlateau, which fit steps with the monitored value, but monitor=None "
@@ -280,6 +289,7 @@ class StepSettings:
             clip_algorithm=gradient_clip_algorithm,
             scheduler_interval=lr_scheduler_interval,
             monitor=monitoring.monitor,
+            on_oom=on_oom,
         )
 
 

@@ -347,6 +347,9 @@ class TrainingState(Callback):
         meters = self.position.train_meters if batches else None
         data = self.data_position(in_epoch=batches > 0)
         part = {"rng": capture_rng_state(self.loaders), "data": data, "meters": None}
+        step = getattr(self.model, "fit_step", None)
+        if step is not None:  # the micro-batch sizes this process reached after running out of memory
+            part["micro_batches"] = step.micro_batches()
         if meters is None:
             return to_plain(part)
         try:
@@ -386,6 +389,8 @@ class TrainingState(Callback):
         epochs = self.params.get("epochs")
         self.finished = model.stop_training or (epochs is not None and self.resumed_epoch >= epochs)
         own = state["processes"][process_index(model) % len(state["processes"])]
+        if getattr(model, "fit_step", None) is not None:
+            model.fit_step.use_micro_batches(own.get("micro_batches"))
         batches = int(state.get("batches", 0))
         if batches:
             self.position.resume = EpochResume(self.resumed_epoch + 1, batches, state["epoch_lr"], own["meters"])

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, Callable, NamedTuple, Optional, TypeVar, Union
 
 import torch
 from accelerate.utils import concatenate, recursively_apply
+
+T = TypeVar("T")
 
 LABEL_KEYS = ("labels", "label", "y")
 # Hugging Face's question-answering models are trained by two label keys: the answer's first and last token.
@@ -458,3 +460,117 @@ def unpack(batch: Any, labels_at: Optional[Union[int, str]] = None) -> Unpacked:
     plain, weight = split_sample_weight(batch)
     args, kwargs, labels = split_batch(plain, labels_at)
     return Unpacked(args, kwargs, labels, weight)
+
+
+# -- micro-batches: a batch cut into pieces by samples, and the pieces' outputs joined -------------
+
+
+def samples_in_batch(batch: Any, labels_at: Optional[Union[int, str]] = None) -> int:
+    """How many samples a batch holds: the first dimension of its labels, the length of a list of
+    them (a detector's targets, a dict per image), else what :func:`inputs_count` reads.
+
+    >>> samples_in_batch((torch.zeros(5, 3), torch.zeros(5))), samples_in_batch(torch.zeros(4, 2))
+    (5, 4)
+    """
+    try:
+        labels = unpack(batch, labels_at).labels
+    except BatchError:
+        labels = None
+    if isinstance(labels, torch.Tensor) and labels.dim() > 0:
+        return labels.shape[0]
+    if isinstance(labels, (list, tuple)) and labels and not isinstance(labels[0], torch.Tensor):
+        return len(labels)
+    return inputs_count(batch, labels_at)
+
+
+def batch_rows(batch: Any, start: int, stop: int, size: int) -> Any:
+    """Samples ``start..stop`` of a batch of ``size`` samples: every tensor with a row per sample is cut
+    along its first dimension, every list or tuple with an item per sample (a detector's images and
+    targets, a text batch's strings) is cut as a list; containers keep their type; a number, a string
+    or a 0-d tensor goes whole to every piece. (A batch's own layout is a container: ``(x, y)`` is
+    never read as two samples.) A tensor with another first dimension (the flat tokens and offsets of
+    a text batch for ``nn.EmbeddingBag``) has no row per sample: :class:`BatchError`, naming it.
+
+    >>> batch_rows((torch.arange(6).reshape(3, 2), [{"id": 0}, {"id": 1}, {"id": 2}]), 1, 3, 3)
+    (tensor([[2, 3],
+            [4, 5]]), [{'id': 1}, {'id': 2}])
+    """
+    return _rows(batch, start, stop, size, "batch", layout=True)
+
+
+def _rows(value: Any, start: int, stop: int, size: int, where: str, layout: bool = False) -> Any:
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0:
+            return value
+        if value.shape[0] == size:
+            return value[start:stop]
+        raise BatchError(
+            f"{where} has {value.shape[0]} rows, but the batch holds {size} samples: it cannot be cut into "
+            "micro-batches of fewer samples. Give it a row per sample (pad the sequences of a text batch to one "
+            "length instead of flat tokens and offsets), or a batch_size that fits in memory."
+        )
+    if isinstance(value, Mapping):
+        return type(value)({k: _rows(v, start, stop, size, f"{where}[{k!r}]") for k, v in value.items()})  # type: ignore[call-arg]
+    if isinstance(value, (list, tuple)):
+        if not layout and _one_item_per_sample(value, size):
+            return value[start:stop]
+        items = [_rows(v, start, stop, size, f"{where}[{i}]") for i, v in enumerate(value)]
+        return type(value)(*items) if _is_named_tuple(value) else type(value)(items)
+    return value
+
+
+def on_fewer_samples(run: Callable[[Any], T], batch: Any, labels_at: Optional[Union[int, str]] = None) -> T:
+    """``run(batch)``, or, when it runs out of memory, ``run`` on the batch's first half, quarter, ...
+    sample (for a check that needs some of a batch's samples, not all): one sample's error is raised."""
+    n = size = samples_in_batch(batch, labels_at)
+    while True:
+        try:
+            return run(batch if size == n else batch_rows(batch, 0, size, n))
+        except torch.OutOfMemoryError:
+            if size <= 1:
+                raise
+        size = (size + 1) // 2  # once the error is gone, with the memory it held
+
+
+def joined_rows(pieces: list, sizes: list[int]) -> Any:
+    """The outputs of consecutive pieces of a batch (``sizes`` samples each) joined as :func:`batch_rows`
+    cut them: tensors along their first dimension, lists with an item per sample one after the other,
+    containers item by item; a 0-d tensor (a piece's mean, such as its loss) becomes the batch's mean,
+    each piece's weighted by its share of the samples.
+
+    >>> joined_rows([(torch.tensor(1.0), torch.zeros(1, 2)), (torch.tensor(4.0), torch.ones(3, 2))], [1, 3])
+    (tensor(3.2500), tensor([[0., 0.],
+            [1., 1.],
+            [1., 1.],
+            [1., 1.]]))
+    """
+    return _joined(pieces, sizes, layout=True)
+
+
+def _joined(pieces: list, sizes: list[int], layout: bool = False) -> Any:
+    first = pieces[0]
+    if isinstance(first, torch.Tensor):
+        if first.dim() > 0:
+            return torch.cat(pieces)
+        total = sum(sizes)
+        return sum(piece * (n / total) for piece, n in zip(pieces, sizes))
+    if isinstance(first, Mapping):
+        return type(first)({k: _joined([piece[k] for piece in pieces], sizes) for k in first})  # type: ignore[call-arg]
+    if isinstance(first, (list, tuple)):
+        if not layout and all(_one_item_per_sample(piece, n) for piece, n in zip(pieces, sizes)):
+            return type(first)(item for piece in pieces for item in piece)
+        items = [_joined([piece[i] for piece in pieces], sizes) for i in range(len(first))]
+        return type(first)(*items) if _is_named_tuple(first) else type(first)(items)
+    return first
+
+
+def _one_item_per_sample(value: Union[list, tuple], size: int) -> bool:
+    """A list or tuple of ``size`` items that are not the rows of several inputs (``(x1, x2)`` whose
+    tensors each have ``size`` rows)."""
+    if _is_named_tuple(value) or len(value) != size:
+        return False
+    return not all(isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == size for v in value)
+
+
+def _is_named_tuple(value: Any) -> bool:
+    return isinstance(value, tuple) and hasattr(value, "_fields")

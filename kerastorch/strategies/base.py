@@ -9,6 +9,8 @@ nothing outside ``kerastorch/strategies/`` asks which strategy runs:
   wrapper, FSDP's shards, each process's share of the data), given back whole at the end;
 - :meth:`~Strategy.no_sync` and :meth:`~Strategy.finish_accumulation`: the gradient exchange
   around accumulation groups;
+- :attr:`~Strategy.split_refusal` and :meth:`~Strategy.forward_failed`: whether a process that ran
+  out of memory may redo its batch alone in smaller pieces, and what a pass cut short leaves;
 - :meth:`~Strategy.whole_weights`, :meth:`~Strategy.load_whole_weights` and their optimizer
   counterparts: whole tensors for checkpoints and the training state, whatever is sharded.
 
@@ -43,6 +45,8 @@ class Strategy:
     foreign_step_refusal: ClassVar[Optional[str]] = None
     #: Why a callback that keeps a whole copy of the net beside it (EMA, SWA) cannot run, or None.
     whole_copy_refusal: ClassVar[Optional[str]] = None
+    #: Why a process that ran out of memory cannot redo its batch alone in smaller pieces, or None.
+    split_refusal: ClassVar[Optional[str]] = None
 
     def check(self, model: TrainableModel) -> None:
         """Refuse, before anything runs, a model this strategy cannot train (nothing to refuse by default)."""
@@ -73,6 +77,11 @@ class Strategy:
 
     def finish_accumulation(self, net: nn.Module, runtime: RunRuntime) -> None:
         """A group whose batches all ran under :meth:`no_sync`: exchange its gradients now."""
+
+    def forward_failed(self, net: nn.Module) -> None:
+        """A forward pass of ``net`` raised (out of memory) before its end, and this process redoes its
+        batch in pieces: leave ``net`` so that its next pass exchanges with the other processes what
+        their next pass does (nothing to do by default)."""
 
     def whole_weights(self, net: nn.Module, into: Optional[dict[str, torch.Tensor]] = None) -> dict[str, torch.Tensor]:
         """The net's whole weights in host memory, under the net's own keys: a copy of their own (a

@@ -22,6 +22,7 @@ import torch
 from accelerate.utils import DistributedDataParallelKwargs
 from torch import nn
 
+from ..data.batches import on_fewer_samples
 from ..data.peek import first_batch
 from ..helpers.modes import train_mode
 from ..helpers.protocols import RunRuntime, TrainableModel
@@ -91,6 +92,15 @@ class DDP(Strategy):
             if param.grad is not None:
                 param.grad.copy_(runtime.reduce_sum(param.grad) / runtime.num_processes)
 
+    def forward_failed(self, net: nn.Module) -> None:
+        """DDP broadcasts the buffers at the start of a pass that follows one whose gradients it exchanges,
+        as it notes at a pass's end. A pass cut short noted nothing: note that no exchange follows. This
+        process's next passes, the pieces of its batch, then broadcast nothing more, as the other
+        processes, which went on with the whole batch, broadcast nothing more before the batch's gradient
+        exchange (its last piece's)."""
+        if isinstance(net, nn.parallel.DistributedDataParallel):
+            net.require_forward_param_sync = False
+
     def engine(self, runtime: RunRuntime) -> str:
         return runtime.accelerator.distributed_type.value
 
@@ -137,14 +147,18 @@ def parameters_without_gradient(model: TrainableModel, train_data: Any, runtime:
     buffers = [(buffer, buffer.detach().clone()) for buffer in net.buffers()]  # BatchNorm's statistics move
     batch = first_batch(train_data, "train_data")
     devices = [runtime.device] if runtime.device.type == "cuda" else []
+
+    def unused(batch: Any) -> list[str]:
+        for param in params.values():
+            param.grad = None
+        with runtime.autocast():
+            loss, _, _ = model.forward_batch(batch)
+        loss.backward()
+        return [name for name, param in params.items() if param.grad is None]
+
     try:
         with torch.random.fork_rng(devices=devices), train_mode(net):  # dropout draws, nothing else sees it
-            for param in params.values():
-                param.grad = None
-            with runtime.autocast():
-                loss, _, _ = model.forward_batch(runtime.to_device(batch))
-            loss.backward()
-            return [name for name, param in params.items() if param.grad is None]
+            return on_fewer_samples(unused, runtime.to_device(batch), model.labels_at)  # out of memory: fewer samples
     finally:
         with torch.no_grad():
             for buffer, saved in buffers:

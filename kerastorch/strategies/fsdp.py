@@ -63,6 +63,10 @@ class FSDP(Strategy):
         "strategy='fsdp' shards the net over the processes so that none holds it whole. Use strategy='ddp' "
         "(each process holds the whole net), or train without it"
     )
+    split_refusal = (
+        "strategy='fsdp' gathers each block's weights from every process inside the forward pass, so a process "
+        "cannot redo its batch alone in smaller pieces while the others go on"
+    )
 
     def __post_init__(self) -> None:
         classes = tuple(self.wrap) if isinstance(self.wrap, (list, tuple, set)) else (self.wrap,)

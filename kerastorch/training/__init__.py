@@ -1,5 +1,6 @@
 """Training's parts, below the run (:mod:`kerastorch.run`): the epoch loop and the optimizer step
 (:mod:`~kerastorch.training.loop`), the loops of evaluate and predict (:mod:`~kerastorch.training.eval_loop`),
+a batch that runs out of memory done again as micro-batches (:mod:`~kerastorch.training.out_of_memory`),
 the epoch values (:mod:`~kerastorch.training.meters`, one meter per metric in
 :mod:`~kerastorch.training.metric_meters`, synced over processes by :mod:`~kerastorch.training.metric_sync`),
 the scheduler's calls (:mod:`~kerastorch.training.schedulers`), what a net's output holds

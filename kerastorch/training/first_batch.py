@@ -21,7 +21,7 @@ from typing import Any, Iterator, NamedTuple, Optional
 
 import torch
 
-from ..data.batches import BatchError, describe_batch
+from ..data.batches import BatchError, describe_batch, on_fewer_samples
 from ..data.peek import first_batch
 from ..helpers.modes import eval_mode, train_mode
 from ..settings import MonitorSettings
@@ -70,9 +70,17 @@ def check_batch(model: Any, batch: Any, runtime: Any, name: str) -> None:
     ``name`` is what the user called the data."""
     batch = runtime.to_device(batch)
     culprit = Culprit(model.net)
+
+    def forward(batch: Any) -> tuple:
+        try:
+            with eval_mode(model.net, model.loss_fn), torch.no_grad(), culprit.watching(), runtime.autocast():
+                return model.forward_batch(batch)
+        except torch.OutOfMemoryError:
+            runtime.strategy.forward_failed(model.net)  # the next pass exchanges what the other processes' does
+            raise
+
     try:
-        with eval_mode(model.net, model.loss_fn), torch.no_grad(), culprit.watching(), runtime.autocast():
-            loss, preds, labels = model.forward_batch(batch)
+        loss, preds, labels = on_fewer_samples(forward, batch, model.labels_at)  # out of memory: checks fewer samples
     except (BatchError, NoLossError):
         raise
     except Exception as error:

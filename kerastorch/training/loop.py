@@ -29,7 +29,7 @@ from typing import Any, Iterator, Optional, Union
 
 import torch
 
-from ..data.batches import split_sample_weight
+from ..data.batches import samples_in_batch, split_sample_weight
 from ..data.peek import num_batches
 from ..devices.runtime import Runtime
 from ..helpers.modes import TrainingModes
@@ -39,6 +39,7 @@ from .callback_list import CallbackList
 from .eval_loop import evaluate_epoch
 from .history import lr_columns
 from .meters import EpochMeters, StepLogs
+from .out_of_memory import EvalPieces, agree_on_micro_batch, failure_of, train_in_pieces
 from .position import RunPosition
 from .preemption import Preemption
 from .schedulers import after_epoch, after_update
@@ -122,7 +123,8 @@ class FitEpochs:
         )
 
     def validate(self, loader: Any) -> dict[str, float]:
-        return evaluate_epoch(self.model, loader, self.runtime, self.meters["val"], self.callbacks)
+        pieces = self.fit_step.validation_pieces
+        return evaluate_epoch(self.model, loader, self.runtime, self.meters["val"], self.callbacks, pieces)
 
     def end_epoch(self, logs: dict) -> None:
         settings = self.fit_step.settings
@@ -216,7 +218,9 @@ class FitStep:
     """What ``model.backward(loss)`` and ``model.optimizer_step()`` do inside ``train_step``:
     gradient accumulation (an update every k batches, DDP's all-reduce only on the batch that ends
     a group), the grad scaler of ``16-mixed``, clipping, a per-step scheduler, and the four step
-    hooks that Lightning and fastai users know (each called only when a callback overrides it)."""
+    hooks that Lightning and fastai users know (each called only when a callback overrides it). A
+    batch that runs out of memory is trained again as micro-batches
+    (:mod:`~kerastorch.training.out_of_memory`)."""
 
     def __init__(self, model: TrainableModel, runtime: Runtime, settings: StepSettings, callbacks: CallbackList):
         self.model = model
@@ -239,6 +243,14 @@ class FitStep:
         self.scheduler_after_update = after_update(model.lr_scheduler, settings.scheduler_interval)
         self.epochs_done = 0  # set by the run when it resumes: the update count of a timm scheduler follows it
         self.updates_done = 0  # updates of the model's optimizer since the run began
+        # Out of memory (see out_of_memory): the micro-batch size reached (None: whole batches), each
+        # micro-batch's share of its batch's samples, and the part of the step that runs.
+        self.on_oom = settings.on_oom
+        self.micro_batch: Optional[int] = None
+        self.share = 1.0
+        self.phase = "forward"
+        self.say = model.print if callbacks.params.get("verbose", 1) else None
+        self.validation_pieces = EvalPieces("Validation", model, runtime, self.say, splits=settings.on_oom != "raise")
 
     # -- called by the loop --------------------------------------------------------------
 
@@ -255,21 +267,37 @@ class FitStep:
 
     def run(self, batch_index: int, batch: Any) -> Any:
         """The model's ``train_step`` on one batch; returns what it returns: ``(loss, preds, labels)``,
-        or a dict of named values."""
+        or a dict of named values. Out of memory, the batch is trained again as micro-batches
+        (:mod:`~kerastorch.training.out_of_memory`), and so are the batches after it."""
         if self.own_step:
             self.drop_stray_gradients()
         self.waiting += 1
         self.updates_now = self.waiting == self.accumulate or batch_index + 1 == self.num_batches
-        if not self.updates_now:
-            # Gradients are exchanged between processes only on the batch that ends a group.
-            with self.runtime.strategy.no_sync(self.model.net):
-                return self.model.train_step(batch)
-        outputs = self.model.train_step(batch)
-        self.waiting = 0
-        self.deferred.clear()
-        self.kept_grads.clear()
-        self.update_scaler()
+        outputs, failure = None, None
+        if self.micro_batch is None:
+            try:
+                outputs = self.train(batch)
+            except torch.OutOfMemoryError as error:
+                if self.on_oom == "raise":
+                    raise
+                failure = failure_of(self, error, batch_index, samples_in_batch(batch, self.model.labels_at))
+        if self.micro_batch is not None or failure is not None:  # after the error is gone, with what it held
+            outputs = train_in_pieces(self, batch, batch_index, failure)
+        if self.updates_now:
+            self.waiting = 0
+            self.deferred.clear()
+            self.kept_grads.clear()
+            self.update_scaler()
         return outputs
+
+    def train(self, batch: Any) -> Any:
+        """The model's ``train_step`` on a batch, or on a micro-batch of one."""
+        self.phase = "forward"
+        if self.updates_now:
+            return self.model.train_step(batch)
+        # Gradients are exchanged between processes only on the batch that ends a group.
+        with self.runtime.strategy.no_sync(self.model.net):
+            return self.model.train_step(batch)
 
     def end_epoch(self) -> None:
         """Step a last, shorter group: from a loader of unknown length, or stopped by a callback."""
@@ -283,6 +311,17 @@ class FitStep:
             self.waiting = 0
         self.deferred.clear()
         self.kept_grads.clear()
+        if self.runtime.num_processes > 1 and self.on_oom != "raise":
+            agree_on_micro_batch(self)
+
+    def micro_batches(self) -> dict:
+        """The micro-batch sizes the run reached (None: whole batches), for a training state."""
+        return {"train": self.micro_batch, "validation": self.validation_pieces.size}
+
+    def use_micro_batches(self, sizes: Optional[dict]) -> None:
+        """Go on with the micro-batch sizes of :meth:`micro_batches` (a resumed run's)."""
+        if sizes:
+            self.micro_batch, self.validation_pieces.size = sizes.get("train"), sizes.get("validation")
 
     def drop_stray_gradients(self) -> None:
         """Every gradient of the net back to what its optimizer's last ``optimizer_step`` call in this
@@ -296,10 +335,13 @@ class FitStep:
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of the batch's loss: divided over an accumulation group, scaled under 16-mixed."""
+        self.phase = "backward"
         if self.hooked["on_before_backward"]:
             self.callbacks.call("on_before_backward", loss)
         if self.accumulate > 1:
             loss = loss / self.accumulate
+        if self.share != 1.0:  # a micro-batch: its share of the batch's samples
+            loss = loss * self.share
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
         else:
@@ -323,6 +365,7 @@ class FitStep:
     # -- the update ------------------------------------------------------------------------------
 
     def step(self, optimizer: torch.optim.Optimizer, grad_factor: float) -> None:
+        self.phase = "update"
         settings, scaler = self.settings, self.scaler
         if grad_factor != 1.0 or settings.clip_val is not None:
             params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
