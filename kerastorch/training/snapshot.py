@@ -6,7 +6,7 @@ which a ``state_dict`` leaves out) of the net and of the loss when it is a modul
 learned temperature, a running count), with their device, any other tensor the optimizer
 updates, ``requires_grad`` flags, gradients and train/eval mode, the optimizer's state and
 hyper-parameters (its learning rates), the scheduler, every random number generator with
-the loaders' shuffle order (:mod:`kerastorch.training.rng`, the same capture that
+the loaders' shuffle order (:mod:`kerastorch.helpers.rng`, the same capture that
 ``resume=True`` saves), and the worker processes of a ``persistent_workers=True`` loader
 that had none before. So ``lr_find`` followed by ``fit`` gives the history ``fit`` alone gives.
 

@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import kerastorch as kt
+from kerastorch.helpers.modes import eval_mode
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -75,7 +76,7 @@ def test_a_hugging_face_model_with_a_loss_fn_is_called_without_labels_and_its_lo
     rows = [{"input_ids": ids[i], "labels": i % 3} for i in range(64)]
     model = kt.KerasModel(net, nn.CrossEntropyLoss(), {"acc": torchmetrics.Accuracy(task="multiclass", num_classes=3)})
     before = model.evaluate(DataLoader(rows, batch_size=64), quiet=True)["val_loss"]
-    with torch.no_grad(), kt.training.modes.eval_mode(net):  # evaluate's mode: no dropout
+    with torch.no_grad(), eval_mode(net):  # evaluate's mode: no dropout
         expected = nn.functional.cross_entropy(net(input_ids=ids).logits, torch.arange(64) % 3).item()
     assert before == pytest.approx(expected, rel=1e-5)
     assert seen[0] == ["input_ids"]  # the labels went to the loss, not to the net
