@@ -22,13 +22,13 @@ export PYTHONUNBUFFERED=1
     python -c "import torch, accelerate, torchmetrics; print('torch', torch.__version__, 'accelerate', accelerate.__version__, 'torchmetrics', torchmetrics.__version__)"
 } >"$out/env.txt" 2>&1
 
-gpu_test_files=$(grep -l "mark.gpu\|needs_cuda" tests/test_*.py | grep -v test_out_of_memory.py)
+gpu_test_files=$(grep -rl --include="test_*.py" "mark.gpu\|needs_cuda" tests | grep -v test_out_of_memory.py)
 timeout 240 python -m pytest -m gpu -p no:cacheprovider -q -rs $gpu_test_files >"$out/gpu_tests.txt" 2>&1
 echo "pytest exit status $?" >>"$out/gpu_tests.txt"
 
 # A real CUDA out of memory (a batch of 128 large images under a 1.5 GiB cap): fit splits it and
 # finishes as the uncapped run does; -rP prints the figures the test measured.
-timeout 60 python -m pytest -m gpu -p no:cacheprovider -q -rsP tests/test_out_of_memory.py >"$out/out_of_memory.txt" 2>&1
+timeout 60 python -m pytest -m gpu -p no:cacheprovider -q -rsP tests/training/test_out_of_memory.py >"$out/out_of_memory.txt" 2>&1
 echo "pytest exit status $?" >>"$out/out_of_memory.txt"
 
 # overhead.py prints its tables on stdout and the loops' own output (progress bars) on stderr.

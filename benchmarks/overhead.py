@@ -81,7 +81,7 @@ def tiny_mlp_task():
 
 
 def cnn_task():
-    train, val = digits_datasets(size=28)
+    train, val, _ = digits_datasets(size=28)
     return "seed 003 CNN, 28x28 digits, batch 64", train, val, create_cnn, 64
 
 

@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--precisions", default="32-true,bf16-mixed,16-mixed")
     args = parser.parse_args()
 
-    train, val = digits_datasets(size=28)
+    train, val, _ = digits_datasets(size=28)
     train = repeated(train, args.samples)
     pin = args.device == "cuda"
     dl_train = DataLoader(train, batch_size=args.batch_size, shuffle=True, pin_memory=pin, num_workers=2)

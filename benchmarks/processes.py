@@ -56,7 +56,7 @@ class TrainingTimer(kt.Callback):
 
 
 def measure(devices: int, epochs: int, batch_size: int, threads: int) -> dict:
-    ds_train, ds_val = digits_datasets(size=28)
+    ds_train, ds_val, _ = digits_datasets(size=28)
     torch.manual_seed(0)
     dl_train = DataLoader(ds_train, batch_size=batch_size, shuffle=True)
     dl_val = DataLoader(ds_val, batch_size=256)

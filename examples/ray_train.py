@@ -60,7 +60,7 @@ def train_loop_per_worker(config: dict):
     # Each worker keeps its files on its own machine; after a restart fit brings them back from Ray's checkpoint.
     workdir = tempfile.mkdtemp(prefix="kerastorch-ray-")
     torch.manual_seed(0)
-    dl_train, dl_val = digits_loaders(batch_size=64, size=8)
+    dl_train, dl_val, _ = digits_loaders(batch_size=64, size=8)
     net = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
     model = kt.KerasModel(
         net,

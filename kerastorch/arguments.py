@@ -74,6 +74,7 @@ def fit_arguments(model: Any, called: Mapping[str, Any]) -> tuple[FitData, FitSe
         # A program's own step (its StepRunner class, or an overridden train_step) names its values on
         # its first batch: the monitored name is checked then.
         names_known=program_runners(model) is None and getattr(model, "uses_default_train_step", True),
+        lr_groups=len(getattr(model.optimizer, "param_groups", ())) or 1,  # a wrong optimizer is refused later
     )
     step = StepSettings.from_keywords(
         **given,

@@ -1,8 +1,9 @@
 """The tutorials' data and net: handwritten digits that ship offline, and seed 003's CNN.
 
 The digits are scikit-learn's bundled 8x8 images (1,797 of them), scaled up to the
-28x28 MNIST size the CNN was written for. Needs the ``examples`` extra:
-``pip install kerastorch[examples]``.
+28x28 MNIST size the CNN was written for. They come in three parts: one to train on,
+one to pick the best epoch (validation) and one to report the final score (test), which
+training never sees. Needs the ``examples`` extra: ``pip install ".[examples]"``.
 """
 
 from __future__ import annotations
@@ -12,28 +13,47 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 
-def digits_datasets(size: int = 28, test_fraction: float = 0.25, seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
-    """Train and test sets of ``(image[1, size, size], label)``; the split is fixed by ``seed``."""
+def digits_datasets(
+    size: int = 28, seed: int = 0, val_fraction: float = 0.125, test_fraction: float = 0.125
+) -> tuple[TensorDataset, TensorDataset, TensorDataset]:
+    """Train, validation and test sets of ``(image[1, size, size], label)``.
+
+    The split is fixed by ``seed``: 1,348 digits to train, 225 to validate and 224 to test
+    with the default fractions. The three never share a digit.
+
+    Example:
+        >>> ds_train, ds_val, ds_test = digits_datasets(size=8)
+        >>> len(ds_train), len(ds_val), len(ds_test)
+        (1348, 225, 224)
+    """
     try:
         from sklearn.datasets import load_digits
     except ImportError:
-        raise ImportError("The digits data comes with scikit-learn: pip install 'kerastorch[examples]'") from None
+        raise ImportError(
+            "The digits data comes with scikit-learn, which is not installed. Install it with "
+            'pip install scikit-learn, or in a copy of the kerastorch repository: pip install ".[examples]"'
+        ) from None
     digits = load_digits()
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
     if size != 8:
         images = nn.functional.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
     labels = torch.tensor(digits.target, dtype=torch.long)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
-    n_test = int(len(labels) * test_fraction)
-    test, train = order[:n_test], order[n_test:]
-    return TensorDataset(images[train], labels[train]), TensorDataset(images[test], labels[test])
+    n_held_out = int(len(labels) * (val_fraction + test_fraction))
+    n_val = n_held_out - int(len(labels) * test_fraction)
+    parts = order[:n_val], order[n_val:n_held_out], order[n_held_out:]
+    val, test, train = (TensorDataset(images[part], labels[part]) for part in parts)
+    return train, val, test
 
 
-def digits_loaders(batch_size: int = 64, size: int = 28, seed: int = 0) -> tuple[DataLoader, DataLoader]:
-    """Shuffled training loader and ordered test loader over :func:`digits_datasets`."""
-    ds_train, ds_test = digits_datasets(size=size, seed=seed)
+def digits_loaders(
+    batch_size: int = 64, size: int = 28, seed: int = 0, val_fraction: float = 0.125, test_fraction: float = 0.125
+) -> tuple[DataLoader, DataLoader, DataLoader]:
+    """Loaders over :func:`digits_datasets`: training shuffled, validation and test in order."""
+    ds_train, ds_val, ds_test = digits_datasets(size, seed, val_fraction, test_fraction)
     return (
         DataLoader(ds_train, batch_size=batch_size, shuffle=True),
+        DataLoader(ds_val, batch_size=batch_size, shuffle=False),
         DataLoader(ds_test, batch_size=batch_size, shuffle=False),
     )
 

@@ -49,7 +49,7 @@ class LightModel(ModelParts, pl.LightningModule):
         import kerastorch as kt
         from kerastorch.examples import create_cnn, digits_loaders
 
-        dl_train, dl_val = digits_loaders()
+        dl_train, dl_val, dl_test = digits_loaders()
         net = create_cnn()
         model = kt.LightModel(net, loss_fn=nn.CrossEntropyLoss(),
                               metrics_dict={"acc": torchmetrics.Accuracy(task="multiclass", num_classes=10)},

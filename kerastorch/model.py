@@ -22,7 +22,14 @@ from tqdm.std import tqdm as text_tqdm
 
 from . import arguments, evaluation, run
 from .compat.module import ModuleLike
-from .data.batches import check_labels_at, describe_reading, split_batch, split_inputs, split_sample_weight
+from .data.batches import (
+    check_inputs_as,
+    check_labels_at,
+    describe_reading,
+    split_batch,
+    split_inputs,
+    split_sample_weight,
+)
 from .data.sample_weights import weighted_loss
 from .devices.runtime import Runtime
 from .files.weights import load_weights, save_weights
@@ -54,6 +61,7 @@ class ModelParts:
     lr_scheduler: Optional[Any]
     lr_scheduler_interval: str
     labels_at: Optional[Union[int, str]]
+    inputs_as: str  # "keywords": net(**inputs) for a dict batch; "dict": net(inputs)
     label_fix: Optional[LabelFix]  # decided on the first batch of a run; None until then
 
     def set_parts(
@@ -65,6 +73,7 @@ class ModelParts:
         lr_scheduler: Optional[Any],
         lr_scheduler_interval: str,
         labels_at: Optional[Union[int, str]] = None,
+        inputs_as: str = "keywords",
     ) -> None:
         """Check and keep the parts; Adam with lr=1e-3 when no optimizer is given."""
         check_model_parts(net, loss_fn, lr_scheduler, lr_scheduler_interval)
@@ -75,6 +84,7 @@ class ModelParts:
         self.lr_scheduler = lr_scheduler
         self.lr_scheduler_interval = lr_scheduler_interval
         self.labels_at = check_labels_at(labels_at)
+        self.inputs_as = check_inputs_as(inputs_as)
         self.start_reading()
 
     def start_reading(self, say: Optional[Callable[[str], Any]] = None) -> None:
@@ -87,7 +97,8 @@ class ModelParts:
         """Turn one batch into ``(loss, preds, labels)``; ``loss`` is the batch mean.
 
         The default reads ``(x, y)``, ``(x1, ..., xn, y)`` or a dict with a ``labels`` key (or the
-        labels where ``labels_at`` says), calls the net and ``loss_fn``. Without a ``loss_fn``, the
+        labels where ``labels_at`` says), calls the net and ``loss_fn``. A dict batch's inputs go to the
+        net as keyword arguments, or as one dict with ``inputs_as="dict"``. Without a ``loss_fn``, the
         net computes its own loss: a dict batch goes to it whole, labels included, and its output's
         ``loss`` is used (a Hugging Face model's ``ModelOutput``, or any object or dict with
         ``loss``); the predictions are the output's ``logits``. Labels of shape ``(N,)`` for outputs
@@ -97,7 +108,7 @@ class ModelParts:
         ``sample_weight`` key in a dict, or what ``fit(sample_weight=..., class_weight=...)`` makes)
         gets the weighted loss of :mod:`kerastorch.data.sample_weights`.
         """
-        kwargs: dict[str, Any]
+        kwargs: Mapping[str, Any]
         if type(batch) in (list, tuple) and len(batch) == 2 and self.labels_at is None:
             # (x, y), the usual batch: read as the two calls below would read it, without their
             # cost (about 1.7 us a step on a 2-core CPU).
@@ -105,8 +116,10 @@ class ModelParts:
         else:
             plain, sample_weight = split_sample_weight(batch)
             args, kwargs, labels = split_batch(plain, self.labels_at)
-        if self.loss_fn is None and isinstance(plain, dict):
+        if self.loss_fn is None and isinstance(plain, Mapping):
             kwargs = plain  # the net computes its own loss: it gets the labels too (Hugging Face's way)
+        if kwargs and self.inputs_as == "dict":
+            args, kwargs = (kwargs,), {}  # a net whose forward takes one dict
         output = self.net(*args, **kwargs)
         preds = output if isinstance(output, torch.Tensor) else predictions_of(output)  # the common case first
         if isinstance(labels, torch.Tensor) and isinstance(preds, torch.Tensor) and labels.device != preds.device:
@@ -136,7 +149,14 @@ class ModelParts:
         """The net's output for one batch (its ``logits`` for an output with fields); labels in the batch,
         if any, are ignored (read as ``forward_batch`` reads them)."""
         args, kwargs = split_inputs(batch, self.labels_at)
+        if kwargs and self.inputs_as == "dict":
+            args, kwargs = (kwargs,), {}
         return predictions_of(self.net(*args, **kwargs))
+
+    def _reading_of(self, batch: Any) -> str:
+        """How this model calls the net on ``batch``, and where it finds the labels, in the batch's words."""
+        labels_to_net = self.loss_fn is None and isinstance(batch, Mapping)
+        return describe_reading(batch, self.labels_at, labels_to_net, one_dict=self.inputs_as == "dict")
 
     def _decide_reading(self, batch: Any, output: Any, preds: Any, labels: Any) -> LabelFix:
         """On a run's first batch: the net's own loss or the labels fixed for ``loss_fn``, said once."""
@@ -147,14 +167,14 @@ class ModelParts:
                     f"{kind} has no loss_fn. Pass one, e.g. {kind}(net, loss_fn=nn.CrossEntropyLoss()), or let the "
                     "net compute its own (as Hugging Face models do: a dict batch with 'labels' goes to the net "
                     "whole, and its output's .loss is used). kerastorch called "
-                    f"{describe_reading(batch, self.labels_at, labels_to_net=isinstance(batch, dict))}, and the net "
+                    f"{self._reading_of(batch)}, and the net "
                     f"returned {describe_output(output)}, which has no loss. Or override forward_batch to compute "
                     "the loss yourself."
                 )
             fix = AS_GIVEN
             note = (
                 f"No loss_fn: the net computes its own loss. kerastorch calls "
-                f"{describe_reading(batch, self.labels_at, labels_to_net=isinstance(batch, dict))} and uses the "
+                f"{self._reading_of(batch)} and uses the "
                 f"output's loss; the metrics and predict get its {'logits' if has_fields(output) else 'output'}."
             )
         else:
@@ -196,6 +216,9 @@ class KerasModel(ModuleLike, ModelParts):
             a tuple; a ``labels``, ``label`` or ``y`` key of a dict): their position in a tuple batch
             (``labels_at=0`` reads ``(labels, text, offsets)`` as ``net(text, offsets)``), or their key
             in a dict batch. ``fit``, ``evaluate`` and ``predict`` read batches the same way.
+        inputs_as: how a dict batch's inputs (every key but the labels) reach the net: ``"keywords"``
+            (default) calls ``net(**inputs)``; ``"dict"`` calls ``net(inputs)``, one dict, for a net whose
+            ``forward`` takes one (``forward(self, x: dict)``, pytorch_tabular's style).
 
     Example::
 
@@ -225,13 +248,15 @@ class KerasModel(ModuleLike, ModelParts):
         lr_scheduler: Optional[Any] = None,
         lr_scheduler_interval: str = "epoch",
         labels_at: Optional[Union[int, str]] = None,
+        inputs_as: str = "keywords",
     ):
-        self.set_parts(net, loss_fn, metrics_dict, optimizer, lr_scheduler, lr_scheduler_interval, labels_at)
+        self.set_parts(net, loss_fn, metrics_dict, optimizer, lr_scheduler, lr_scheduler_interval, labels_at, inputs_as)
         self.history = pd.DataFrame()
         self.stop_training = False
         self.runtime: Optional[Runtime] = None
         self.fit_step: Optional[loop.FitStep] = None  # set while fit trains
         self.run_id: Optional[str] = None  # the Weights & Biases run's id, once a WandbLogger started one
+        self.fit_report: Optional[Diagnosis] = None  # the last fit's report: model.diagnose()
         # The last fit's choices, read back by programs (model.ckpt_path, model.mode).
         self.ckpt_path: Optional[Union[str, os.PathLike]] = None
         self.monitor: Optional[str] = None
@@ -407,6 +432,7 @@ class KerasModel(ModuleLike, ModelParts):
     def _fit(self, data: Any, settings: Any, lr_schedule: Any = None) -> pd.DataFrame:
         watch = settings.monitoring
         self.ckpt_path, self.monitor, self.mode = watch.ckpt_path, watch.monitor, watch.mode
+        self.fit_report = None  # a fit that fails leaves no report of an earlier one behind
         self.history = run.fit(self, data, settings, lr_schedule)
         return self.history
 
@@ -664,6 +690,31 @@ class KerasModel(ModuleLike, ModelParts):
         return evaluation.predict(self, given, settings)
 
     # -- diagnosis and interpretation ----------------------------------------------------
+
+    def diagnose(self) -> Diagnosis:
+        """The last fit's report: what the curves say (:mod:`kerastorch.tools.diagnosis`).
+
+        ``fit`` prints it when it ends, when there is something to say (``verbose >= 1``). Its
+        ``findings`` are :class:`~kerastorch.Finding` objects (``kind``, ``epochs``, ``message``,
+        ``evidence``); its ``timing`` has one row per epoch: ``epoch``, ``seconds`` (the epoch's
+        training pass) and ``data_wait_fraction`` (the share of them spent waiting for the next batch).
+        Printing it gives the lines fit printed (nothing for a healthy run). After Ctrl-C, fit keeps
+        the report without printing it; a fit that raises (a preemption too) leaves none.
+
+        Example::
+
+            model.fit(dl_train, dl_val, epochs=20)
+            report = model.diagnose()
+            report.kinds          # e.g. ['overfitting']
+            report.timing         # seconds and data_wait_fraction, per epoch
+        """
+        if self.fit_report is None:
+            raise RuntimeError(
+                "model.diagnose() reads the report of the last fit, and this model has none: it has not been "
+                "fit yet, or its last fit stopped with an error. Call model.fit(...) first; for a history you "
+                "have, kt.diagnose(history) reads its curves."
+            )
+        return self.fit_report
 
     def doctor(
         self,

@@ -34,6 +34,7 @@ from .helpers.modes import modes_kept
 from .helpers.protocols import Epochs, TrainableModel
 from .settings import FitSettings
 from .tools.doctor import check_before_fit
+from .tools.fit_report import end_of_fit_report
 from .tools.tuning import scheduled_for_this_run
 from .training.callback_list import CallbackList
 from .training.compiling import compiled_net
@@ -138,7 +139,13 @@ def fit_here(
                 if settings.output.verbose:
                     model.print(f"{runtime.describe()}; {what_is_kept(settings.monitoring)}")
                 run = functools.partial(train_with_callbacks, model, epochs, train_loader, val_loader, runtime)
-                return run(callbacks, fit_step, settings, columns, position, preemption, first_check)
+                history = run(callbacks, fit_step, settings, columns, position, preemption, first_check)
+            # The run's report, with the net the user's own module again (not compiled, not wrapped).
+            timing = getattr(epochs, "timing", None)
+            model.fit_report = end_of_fit_report(
+                model, history, callbacks, timing, train_data, val_data, settings, replay=program is None
+            )
+            return history
     finally:
         for stage in meters.values():
             stage.give_back_copies()

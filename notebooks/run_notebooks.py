@@ -9,7 +9,7 @@ file. The kernel's working directory is a temporary folder, so the checkpoints a
 scripts the tutorials write never land in the repository. A cell that raises stops
 the run with the error (and the notebook on disk is left as it was).
 
-The test suite (``tests/test_notebooks.py``) calls :func:`execute_notebook` on copies.
+The test suite (``tests/project/test_notebooks.py``) calls :func:`execute_notebook` on copies.
 """
 
 from __future__ import annotations

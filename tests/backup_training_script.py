@@ -1,4 +1,4 @@
-"""A small training run for tests/test_backup.py and tests/test_preemption.py, started as a real process.
+"""A small training run for tests/callbacks/test_backup.py and tests/training/test_preemption.py, started as a real process.
 
     python backup_training_script.py OUT_DIR [--devices K] [--workers N] [--accumulate A]
                                      [--save-freq N] [--act EPOCH BATCH WHAT]

@@ -18,7 +18,7 @@ Pass ``--export`` to export the resolved rank layout as torch's ``env://`` varia
 folder (as on machines without a shared disk); ``--epochs N`` for another number of epochs.
 
 :func:`train_in_ray_worker` is the same training as ``train_loop_per_worker`` of Ray Train's
-``TorchTrainer`` (tests/test_ray.py).
+``TorchTrainer`` (tests/devices/test_ray.py).
 """
 
 import argparse
@@ -54,7 +54,7 @@ def fit_and_record(
 ) -> None:
     """Train on the CPU and write ``rank{rank}.json``: what this rank saw, trained and got (and ``also``)."""
     cluster = kt.cluster_environment()
-    dl_train, dl_val = digits_loaders(batch_size=64, size=8)
+    dl_train, dl_val, _ = digits_loaders(batch_size=64, size=8)
     begun = EpochsBegun()
     fit_options["callbacks"] = [begun, *fit_options.get("callbacks", [])]
     printed = io.StringIO()

@@ -27,10 +27,18 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def digits8():
-    """(train, val) TensorDatasets of flattened 8x8 digits: 1348 and 449 samples."""
-    ds_train, ds_val = digits_datasets(size=8, seed=0)
+    """(train, val) TensorDatasets of flattened 8x8 digits: 1348 and 449 samples (no test part)."""
+    ds_train, ds_val, _ = digits_datasets(size=8, seed=0, val_fraction=0.25, test_fraction=0.0)
     flat = lambda ds: TensorDataset(ds.tensors[0].flatten(1), ds.tensors[1])
     return flat(ds_train), flat(ds_val)
+
+
+@pytest.fixture
+def digits(digits8):
+    """(train, val) loaders of digits8 in batches of 128 and 200, the training one shuffled."""
+    ds_train, ds_val = digits8
+    torch.manual_seed(0)
+    return DataLoader(ds_train, batch_size=128, shuffle=True), DataLoader(ds_val, batch_size=200)
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from kerastorch.examples import digits_loaders
 def main(out_dir: str) -> None:
     rank = int(os.environ["RANK"])
     torch.manual_seed(100 + rank)
-    dl_train, dl_val = digits_loaders(batch_size=64, size=8)
+    dl_train, dl_val, _ = digits_loaders(batch_size=64, size=8)
     net = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
     initial = {k: v.clone() for k, v in net.state_dict().items()}
     model = kt.KerasModel(

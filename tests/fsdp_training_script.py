@@ -1,4 +1,4 @@
-"""A small sharded training run for tests/test_fsdp.py, started as a real subprocess.
+"""A small sharded training run for tests/strategies/test_fsdp.py, started as a real subprocess.
 
     python fsdp_training_script.py OUT_DIR [--devices K] [--kill-at EPOCH BATCH] [--compile]
     torchrun --nproc_per_node 2 fsdp_training_script.py OUT_DIR

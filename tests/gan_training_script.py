@@ -1,4 +1,4 @@
-"""docs/custom-steps.md's GAN, smaller, for tests/test_backup.py, started as a real process.
+"""docs/custom-steps.md's GAN, smaller, for tests/callbacks/test_backup.py, started as a real process.
 
     python gan_training_script.py OUT_DIR [--kill-at EPOCH BATCH]
 

@@ -27,7 +27,7 @@ class StepRates(kt.Callback):
 
 def main(out_file: str) -> None:
     torch.manual_seed(0)
-    dl_train, _ = digits_loaders(batch_size=64, size=8)
+    dl_train, _, _ = digits_loaders(batch_size=64, size=8)
     net = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
     model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
     rates = StepRates()

@@ -1,4 +1,4 @@
-"""A small training run for tests/test_resume.py, started as a real subprocess.
+"""A small training run for tests/callbacks/test_resume.py, started as a real subprocess.
 
     python resume_training_script.py OUT_DIR CKPT_PATH [--kill-at EPOCH BATCH] [--kill-in-write N]
 

@@ -35,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    dl_train, dl_val = digits_loaders(batch_size=64)  # plain loaders: fit gives each rank its share
+    dl_train, dl_val, _ = digits_loaders(batch_size=64)  # plain loaders: fit gives each rank its share
     net = create_cnn()
     model = kt.KerasModel(
         net,

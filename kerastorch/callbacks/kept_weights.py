@@ -13,7 +13,7 @@ The file is written from that copy on a thread of its own (:mod:`~kerastorch.fil
 training goes on while the disk takes it. It is whole again before anything relies on it: before the
 next kept epoch writes over the copy, before a training state that holds the kept weights is written
 (:meth:`KeptWeights.wait_written`), and before ``fit`` returns. A run with callbacks that run the
-user's code (:func:`~kerastorch.callbacks.base.may_read_ckpt_path`) writes the file before they are
+user's code (:func:`~kerastorch.training.callback.may_read_ckpt_path`) writes the file before they are
 called instead (``write_while_training=False``): one of them may read it at the epoch's end, as it
 could when every write stopped training.
 """

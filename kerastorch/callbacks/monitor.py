@@ -61,19 +61,26 @@ def auto_mode_and_source(monitor: str, metrics_dict: Optional[dict] = None) -> t
 
 
 def monitor_for_run(
-    watch: MonitorSettings, *, has_val: bool, metrics: dict, added_logs: Sequence[str], names_known: bool
+    watch: MonitorSettings,
+    *,
+    has_val: bool,
+    metrics: dict,
+    added_logs: Sequence[str],
+    names_known: bool,
+    lr_groups: int = 1,
 ) -> MonitorSettings:
     """fit's ``monitor`` and ``mode`` for this run: ``"auto"`` decided (``val_loss``, or ``train_loss``
     without validation data; the direction from the metric or the name), and a monitored name checked
     against the values the run will produce, before the first batch (``metrics``: the run's metrics by
-    name; ``added_logs``: the values callbacks say they add). ``names_known=False``: a step of the
+    name; ``added_logs``: the values callbacks say they add; ``lr_groups``: the optimizer's parameter
+    groups, an ``lr`` column each). ``names_known=False``: a step of the
     user's names its values on its first batch, where the name is checked."""
     if watch.monitor is None:
         return watch
     monitor_was_auto = watch.monitor == AUTO
     monitor = ("val_loss" if has_val else "train_loss") if monitor_was_auto else watch.monitor
     if names_known:
-        check_monitor(monitor, list(metrics), has_val, added_logs)
+        check_monitor(monitor, list(metrics), has_val, added_logs, lr_groups)
     mode, mode_source = watch.mode, ""
     if mode == "auto":
         mode, mode_source = auto_mode_and_source(monitor, metrics)
@@ -93,10 +100,12 @@ def monitor_for_run(
 WRITTEN_BY_A_CALLBACK = " If a callback of yours writes it into the logs, say so on its class: adds_logs = ('name',)."
 
 
-def check_monitor(monitor: str, metric_names: list[str], has_val: bool, added_logs: Sequence[str] = ()) -> None:
+def check_monitor(
+    monitor: str, metric_names: list[str], has_val: bool, added_logs: Sequence[str] = (), lr_groups: int = 1
+) -> None:
     """``monitor`` names a value the run will produce, known before the first batch: a column of the
     history, or a value a callback says it adds to the logs (``adds_logs``)."""
-    names = [*history_columns(metric_names, has_val), *added_logs]
+    names = [*history_columns(metric_names, has_val, lr_groups), *added_logs]
     if monitor in names:
         return
     if monitor.startswith("val_") and not has_val and monitor in history_columns(metric_names, True):

@@ -120,7 +120,7 @@ class ProgressBar(Callback):
         self._active_style = self._choose_style()
         # Only a drawn bar needs a call at every step; the epoch's line alone (CI logs, pipes, verbose=2)
         # needs none, and the loop then makes none: a hook set to None on the instance is one the
-        # callback list does not call (see callbacks.base.hooks_of). A subclass's own hook stays.
+        # callback list does not call (see training.callback.hooks_of). A subclass's own hook stays.
         vars(self).pop("on_train_batch_end", None)
         drawn = self._active_style in ("terminal", "notebook")
         if not drawn and type(self).on_train_batch_end is ProgressBar.on_train_batch_end:

@@ -29,7 +29,7 @@ its own while training goes on (:mod:`~kerastorch.files.background`): the state'
 copied in host memory first, on the training thread, since training goes on changing the net's and
 the optimizer's in place. The next state waits for it, and ``fit`` returns with it whole. It is
 written before the later callbacks of its epoch instead when one may read it: a callback of yours
-(:func:`~kerastorch.callbacks.base.may_read_ckpt_path`), or the report to Ray Train, which copies it;
+(:func:`~kerastorch.training.callback.may_read_ckpt_path`), or the report to Ray Train, which copies it;
 and before training goes on when its copy would take more than half of the free host memory
 (:mod:`~kerastorch.files.host_memory`).
 A preempted run writes its state before it stops. A state whose loss is NaN or infinite

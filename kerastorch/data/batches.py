@@ -30,7 +30,7 @@ class BatchError(ValueError):
 def _describe(batch: Any) -> str:
     if isinstance(batch, torch.Tensor):
         return f"a bare tensor of shape {tuple(batch.shape)}"
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         return f"a dict with keys {sorted(map(str, batch))}"
     if isinstance(batch, (list, tuple)):
         return f"a {type(batch).__name__} of length {len(batch)}"
@@ -56,6 +56,25 @@ def check_labels_at(labels_at: Any) -> Optional[Union[int, str]]:
     )
 
 
+INPUTS_AS = ("keywords", "dict")
+
+
+def check_inputs_as(inputs_as: Any) -> str:
+    """``inputs_as``: how a dict batch's inputs reach the net. ``"keywords"`` calls ``net(**inputs)``,
+    ``"dict"`` calls ``net(inputs)``: one dict, for a net whose ``forward`` takes one (``forward(self, x)``).
+
+    >>> check_inputs_as("dict")
+    'dict'
+    """
+    if inputs_as in INPUTS_AS:
+        return inputs_as
+    raise ValueError(
+        f"inputs_as={inputs_as!r}; give 'keywords' (the default: a dict batch's inputs go to the net as keyword "
+        "arguments, net(a=..., b=...)) or 'dict' (they go as one dict, net({'a': ..., 'b': ...}), for a net whose "
+        "forward takes one dict)."
+    )
+
+
 def _position(batch: Any, labels_at: int) -> int:
     """``labels_at`` as a position from 0 in this tuple batch, or a BatchError that says why not."""
     position = labels_at + len(batch) if labels_at < 0 else labels_at
@@ -70,7 +89,7 @@ def _position(batch: Any, labels_at: int) -> int:
 
 def split_batch(batch: Any, labels_at: Optional[Union[int, str]] = None) -> tuple[tuple, dict, Any]:
     """Return ``(args, kwargs, labels)`` so that the net is called as ``net(*args, **kwargs)``."""
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         if isinstance(labels_at, int):
             raise BatchError(
                 f"Got {_describe(batch)} as a batch, but labels_at={labels_at} is a position in a tuple. For dict "
@@ -95,13 +114,13 @@ def split_batch(batch: Any, labels_at: Optional[Union[int, str]] = None) -> tupl
         return tuple(batch[:position]) + tuple(batch[position + 1 :]), {}, batch[position]
     raise BatchError(
         f"Got {_describe(batch)} as a batch, which has no labels. kerastorch expects {EXPECTED_BATCHES}."
-        + (labels_at_hint(batch) if isinstance(batch, dict) else "")
+        + (labels_at_hint(batch) if isinstance(batch, Mapping) else "")
         + " Make your Dataset return (features, label), or override KerasModel.forward_batch for another layout "
         "(or train_step, which needs no labels, for a GAN or an autoencoder of your own)."
     )
 
 
-def labels_at_hint(batch: dict) -> str:
+def labels_at_hint(batch: Mapping) -> str:
     """For a dict batch without a labels key: the keys that look like labels, and the ``labels_at`` that
     reads them ("" when none does). Hugging Face's names: a key with ``label`` in it, or a question-answering
     model's ``start_positions`` and ``end_positions``.
@@ -141,7 +160,7 @@ def split_inputs(batch: Any, labels_at: Optional[Union[int, str]] = None) -> tup
     batch, _ = split_sample_weight(batch)
     if isinstance(batch, Inputs):
         return tuple(batch.args), {}
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         keys = (labels_at,) if isinstance(labels_at, str) else LABEL_KEYS
         return (), {k: v for k, v in batch.items() if k not in keys}
     if isinstance(batch, (list, tuple)):
@@ -174,7 +193,7 @@ def describe_batch(batch: Any) -> str:
     "a dict: batch['x']: float32 (4, 2)"
     """
     plain, weight = split_sample_weight(batch)
-    if isinstance(plain, dict):
+    if isinstance(plain, Mapping):
         items = ", ".join(f"batch[{k!r}]: {describe_tensor(v)}" for k, v in plain.items())
         said = f"a dict: {items}"
     elif isinstance(plain, (list, tuple)):
@@ -185,21 +204,26 @@ def describe_batch(batch: Any) -> str:
     return said + (" (with sample weights)" if weight is not None else "")
 
 
-def describe_reading(batch: Any, labels_at: Optional[Union[int, str]] = None, labels_to_net: bool = False) -> str:
+def describe_reading(
+    batch: Any, labels_at: Optional[Union[int, str]] = None, labels_to_net: bool = False, one_dict: bool = False
+) -> str:
     """What kerastorch did with a batch, in the words of the batch itself: the call of the net with
-    each input's dtype and shape, and where the labels came from.
+    each input's dtype and shape, and where the labels came from (``one_dict``: a dict batch's inputs
+    went to the net as one dict, ``KerasModel(inputs_as="dict")``).
 
     >>> describe_reading((torch.zeros(8, dtype=torch.long), torch.zeros(20, dtype=torch.long), torch.zeros(8)))
     'net(batch[0], batch[1]) with batch[0]: int64 (8,), batch[1]: int64 (20,); labels = batch[2]: float32 (8,)'
     """
     plain, weight = split_sample_weight(batch)
-    if isinstance(plain, dict):
+    if isinstance(plain, Mapping):
         key = next(
             (k for k in ((labels_at,) if isinstance(labels_at, str) else LABEL_KEYS) if k in plain),
             None,
         )
         called = [k for k in plain if k != key or labels_to_net]
-        inputs = ", ".join(f"{k}=..." for k in called)
+        inputs = (
+            "{" + ", ".join(f"{k!r}: ..." for k in called) + "}" if one_dict else ", ".join(f"{k}=..." for k in called)
+        )
         shapes = ", ".join(f"{k}: {describe_tensor(plain[k])}" for k in called)
         if key is None:
             said = f"net({inputs}) with {shapes}; no labels"
@@ -247,7 +271,7 @@ def inputs_count(batch: Any, labels_at: Optional[Union[int, str]] = None) -> int
 def first_tensor(obj: Any):
     if isinstance(obj, torch.Tensor):
         return obj
-    if isinstance(obj, dict):
+    if isinstance(obj, Mapping):
         obj = list(obj.values())
     if isinstance(obj, (list, tuple)):
         for item in obj:
@@ -395,7 +419,7 @@ def split_sample_weight(batch: Any) -> tuple[Any, Optional[torch.Tensor]]:
     ``sample_weight`` key (the dict-batch way of giving weights)."""
     if isinstance(batch, WeightedSample):
         return batch.sample, batch.weight
-    if isinstance(batch, dict) and SAMPLE_WEIGHT_KEY in batch:
+    if isinstance(batch, Mapping) and SAMPLE_WEIGHT_KEY in batch:
         return {k: v for k, v in batch.items() if k != SAMPLE_WEIGHT_KEY}, batch[SAMPLE_WEIGHT_KEY]
     return batch, None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from typing import Any, Callable, Iterator, Optional, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 import numpy as np
 import torch
@@ -49,10 +49,30 @@ def rng_untouched(loader: Any) -> Iterator[None]:
             set_generator_state(generator, state)
 
 
+@contextlib.contextmanager
+def workers_as_they_were(loaders: Iterable[Any]) -> Iterator[None]:
+    """A ``persistent_workers=True`` DataLoader starts its worker processes on its first pass and
+    keeps them, with their random state, for every later pass. A loader that had none before the
+    block has none after it: the next run starts them as it would have without the block."""
+    fresh = [
+        loader
+        for loader in loaders
+        if getattr(loader, "persistent_workers", False) and getattr(loader, "_iterator", False) is None
+    ]
+    try:
+        yield
+    finally:
+        for loader in fresh:
+            iterator, loader._iterator = loader._iterator, None
+            if iterator is not None:
+                iterator._shutdown_workers()
+
+
 def first_batch(data: Any, name: str) -> Any:
-    """The first batch of ``data``, with the data order left as it was (:func:`rng_untouched`);
-    :class:`NoBatchesError` naming ``name`` when there is none."""
-    with rng_untouched(data):
+    """The first batch of ``data``, with the data order left as it was (:func:`rng_untouched`) and a
+    persistent loader's workers not started (:func:`workers_as_they_were`); :class:`NoBatchesError`
+    naming ``name`` when there is none."""
+    with rng_untouched(data), workers_as_they_were([data]):
         iterator = iter(data)
         try:
             return next(iterator)
@@ -72,4 +92,11 @@ def dry_run_first_batch(net: torch.nn.Module, data: Any, name: str, run: Callabl
         return run(batch)
 
 
-__all__ = ["NoBatchesError", "dry_run_first_batch", "first_batch", "num_batches", "rng_untouched"]
+__all__ = [
+    "NoBatchesError",
+    "dry_run_first_batch",
+    "first_batch",
+    "num_batches",
+    "rng_untouched",
+    "workers_as_they_were",
+]

@@ -126,10 +126,26 @@ def run_in_workers(plan: Plan, work: Callable[[], Any]) -> Any:
                     use_port=str(free_port()),
                 )
         except Exception as launch_error:
+            # A SIGTERM to this process reaches the workers through torch's launcher, which then raises
+            # here; workers that stopped as preempted have sent their results all the same.
+            preempted = results_in(folder) if isinstance(launch_error, SignalException) else None
+            if preempted is not None and preempted["preempted"] is not None:
+                return preempted
             failure = worker_failure(folder, launch_error, num_processes)
             raise failure from failure.__cause__  # the cause shown is the worker's traceback
-        # Written a moment ago by our own worker, in a private folder.
-        return torch.load(os.path.join(folder, RESULTS_FILE), map_location="cpu", weights_only=False)
+        results = results_in(folder)
+        if results is None:
+            raise RuntimeError(f"The {num_processes} training processes ended without sending their results back.")
+        return results
+
+
+def results_in(folder: str) -> Optional[dict]:
+    """What the main worker sent back, or None if it sent nothing. Written a moment ago by our own
+    worker, in a private folder, under another name first: a file of that name is whole."""
+    path = os.path.join(folder, RESULTS_FILE)
+    if not os.path.exists(path):
+        return None
+    return torch.load(path, map_location="cpu", weights_only=False)
 
 
 @contextlib.contextmanager
@@ -207,8 +223,9 @@ def run_one_process(work: Callable[[], Any], folder: str, python_random: Any = N
     warnings.filterwarnings("ignore", message="OMP_NUM_THREADS/MKL_NUM_THREADS unset")
     try:
         result = work()
-        if rank == 0:
-            torch.save(result, os.path.join(folder, RESULTS_FILE))
+        if rank == 0:  # written whole, then named: the caller reads a whole file or none
+            torch.save(result, os.path.join(folder, RESULTS_FILE + ".partial"))
+            os.replace(os.path.join(folder, RESULTS_FILE + ".partial"), os.path.join(folder, RESULTS_FILE))
     except BaseException as error:
         record_failure(folder, rank, error)
         if type(error).__name__ == "Preempted":  # an ending, not a failure: the caller raises it once, from the record
@@ -292,7 +309,8 @@ def _is_cuda_fork_error(text: str) -> bool:
 
 def results_of(model: Any, history_rows: list[dict], preempted: Optional[BaseException] = None) -> dict:
     """What the main worker sends back: the history's rows, the best weights, the optimizer's and
-    scheduler's states, whether it stopped, and the ``Preempted`` it stopped with, if any."""
+    scheduler's states, whether it stopped, the ``Preempted`` it stopped with, if any, and the run's
+    report (``model.diagnose()``)."""
     return {
         "history": history_rows,
         "weights": cpu_state_dict(model.net),
@@ -300,6 +318,7 @@ def results_of(model: Any, history_rows: list[dict], preempted: Optional[BaseExc
         "lr_scheduler": model.lr_scheduler.state_dict() if model.lr_scheduler is not None else None,
         "stop_training": model.stop_training,
         "preempted": preempted,
+        "report": getattr(model, "fit_report", None),
     }
 
 
@@ -311,5 +330,6 @@ def take_results(model: Any, results: dict) -> list[dict]:
     if model.lr_scheduler is not None and results["lr_scheduler"] is not None:
         model.lr_scheduler.load_state_dict(results["lr_scheduler"])
     model.stop_training = results["stop_training"]
+    model.fit_report = results.get("report")
     model.runtime = None
     return results["history"]

@@ -15,7 +15,7 @@ What runs on the thread must compute nothing with torch (copies, clones, casts):
 run such an op keeps a team of OpenMP threads of its own while it lives, and on a 2-core machine
 the training loop ran at less than half its speed beside one (``benchmarks/thread_beside.py``). So
 the writer gets tensors ready to write (the caller copies on the training thread);
-``tests/test_checkpoint_writes.py`` records the ops the thread calls.
+``tests/callbacks/test_checkpoint_writes.py`` records the ops the thread calls.
 
 The thread is not a daemon: a program that ends while a write is under way (Ctrl-C in a script, a
 preempted run) first lets it finish, and the write itself is atomic (:mod:`.atomic`), so the file is

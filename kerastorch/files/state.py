@@ -13,8 +13,8 @@ could not be read back safely is never left on disk.
 What a training state holds (``format`` ``"kerastorch.training_state"``, ``version`` 2):
 
 - where the run is: ``epoch`` (finished epochs), ``batches`` (trained of the next one, 0 after an
-  epoch), ``epoch_lr`` (that epoch's learning rate), ``stopped`` (stopped early), ``history`` (the
-  rows so far);
+  epoch), ``epoch_lr`` (that epoch's learning rates by history column: ``lr``, ``lr_1``...; a float
+  in a state saved before), ``stopped`` (stopped early), ``history`` (the rows so far);
 - what trains: ``net`` (the whole weights), ``loss_fn`` (a loss module's state, or None),
   ``optimizer`` with ``optimizer_type`` and ``optimizer_param_shapes``, ``lr_scheduler`` with
   ``lr_scheduler_type``, ``grad_scaler``, and ``model_attributes``: the optimizers, schedulers and

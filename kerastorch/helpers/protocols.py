@@ -24,6 +24,7 @@ class TrainableModel(Protocol):
     runtime: Optional[Any]
     fit_step: Optional[Any]
     labels_at: Optional[Any]  # where batches hold their labels (KerasModel(labels_at=...))
+    fit_report: Optional[Any]  # the last fit's report (model.diagnose())
 
     @property
     def is_main_process(self) -> bool: ...

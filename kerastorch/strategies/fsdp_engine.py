@@ -4,7 +4,7 @@ state gathered back.
 
 Imported when an FSDP run starts, not by ``import kerastorch``: ``torch.distributed.fsdp``,
 DTensor and ``torch.distributed.checkpoint`` take about 0.6 s to import, which every other
-run would pay for nothing (``tests/test_import_graph.py`` holds this).
+run would pay for nothing (``tests/project/test_import_graph.py`` holds this).
 """
 
 from __future__ import annotations

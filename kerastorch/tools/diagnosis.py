@@ -3,7 +3,10 @@
 :func:`diagnose` reads a history (one row per epoch) and returns a
 :class:`~kerastorch.tools.report.Diagnosis` whose findings each name a ``kind``, the epochs it is
 about, one or two plain sentences with what to try, and the numbers it rests on. A healthy run that
-converges gets no finding. The rules, and their thresholds (the constants below):
+converges gets no finding. ``fit`` makes one at its end, with what only the run measures (each
+epoch's timing, where a NaN loss came from, the overlap of the data; see
+:mod:`kerastorch.tools.fit_report`), and ``model.diagnose()`` returns it. The rules, and their
+thresholds (the constants below):
 
 - ``"diverged"``: the training loss became NaN or infinite (or the validation loss infinite; a NaN
   validation loss is an epoch that was not validated). The other curve rules read the epochs before.
@@ -18,7 +21,7 @@ converges gets no finding. The rules, and their thresholds (the constants below)
   fell at every epoch.
 - ``"not_converged"``: the last epoch still lowered the training loss by ``NOT_CONVERGED_DROP`` (2%)
   of the first epoch's training loss or more, and the validation loss (if any) reached its lowest
-  value there.
+  value there, as did the monitored value (``monitor=``, when it is given).
 - ``"underfitting"``: the run did not learn enough. Without knowing the task, "enough" is measured
   against the first epoch: the last training loss is still ``UNDERFIT_SHARE`` (half) or more of the
   first epoch's; it improved by less than ``FLAT_CHANGE`` (2%) over the last ``FLAT_EPOCHS`` (3)
@@ -74,20 +77,35 @@ KINDS = (
 
 @dataclasses.dataclass(frozen=True)
 class Divergence:
-    """Where a loss became NaN or infinite, as the run found it by replaying the batch.
+    """Where a loss became NaN or infinite, as the run found it (see :mod:`kerastorch.tools.fit_report`).
+
+    After training, the run replays its data with the finite weights it put back, forward only, and
+    stops at the first batch that gives a NaN or infinite value.
 
     Attributes:
-        epoch: the epoch (from 1).
-        batch: the batch of that epoch (from 1), or None when not known.
+        epoch: the epoch whose loss was NaN or infinite (from 1).
+        batch: the first batch of that replay (from 1, in the loader's order) that gave a NaN or infinite
+            value; None when none did, or when the run did not replay.
         inputs_finite: whether that batch's inputs held only finite values, or None when not known.
-        module: the first module whose output was not finite: its qualified name in the net
-            (``"encoder.2"``), or ``"the loss function"``; None when not known.
+        module: with ``batch``, the first module whose output on it was not finite: its qualified name in
+            the net (``"encoder.2"``), ``"the net itself"`` (its own forward's code, or its own weights),
+            or ``"the loss function"``. Without ``batch``, the first module
+            of the net that held NaN or infinite weights when the run stopped. None when not known.
+        labels_finite: whether that batch's labels held only finite values, or None when not known.
+        weights_finite: whether every weight of the net was finite when the run stopped, or None when
+            not known.
+        replayed: how many batches the replay read (0: no replay).
+        data: ``"training"`` or ``"validation"``: the data whose loss was not finite, and replayed.
     """
 
     epoch: int
     batch: Optional[int] = None
     inputs_finite: Optional[bool] = None
     module: Optional[str] = None
+    labels_finite: Optional[bool] = None
+    weights_finite: Optional[bool] = None
+    replayed: int = 0
+    data: str = "training"
 
 
 @dataclasses.dataclass
@@ -150,8 +168,9 @@ def diagnose(
     if curves is not None and len(curves.train):
         if monitor == "auto":
             monitor = "val_loss" if "val_loss" in history else "train_loss"
-        kept = best_epoch(history, monitor, mode) if monitor and restore_best_weights else None
-        findings.extend(_curve_findings(curves, None if kept is None else (kept[0], str(monitor)), monitor))
+        best = best_epoch(history, monitor, mode) if monitor else None
+        kept = (best[0], str(monitor)) if best is not None and restore_best_weights else None
+        findings.extend(_curve_findings(curves, kept, monitor, None if best is None else best[0]))
     findings.extend(_input_bound(timing))
     return Diagnosis(findings, source="run", timing=timing)
 
@@ -176,11 +195,13 @@ def _curves(history: pd.DataFrame) -> tuple[Curves, Optional[int]]:
     return curves, (int(epochs[first_bad]) if first_bad < len(train) else None)
 
 
-def _curve_findings(curves: Curves, kept: Optional[tuple[int, str]], monitor: Optional[str]) -> list[Finding]:
+def _curve_findings(
+    curves: Curves, kept: Optional[tuple[int, str]], monitor: Optional[str], best_at: Optional[int]
+) -> list[Finding]:
     findings: list[Finding] = []
     too_high = _lr_too_high(curves)
     too_low = None if too_high else _lr_too_low(curves)
-    still_improving = None if too_high else _not_converged(curves)
+    still_improving = None if too_high else _not_converged(curves, best_at)
     findings += [f for f in (too_high, too_low) if f is not None]
     overfit = _overfitting(curves, kept, monitor)
     if overfit is not None:
@@ -295,10 +316,12 @@ def _overfitting(curves: Curves, kept: Optional[tuple[int, str]], monitor: Optio
     )
 
 
-def _not_converged(curves: Curves) -> Optional[Finding]:
+def _not_converged(curves: Curves, best_at: Optional[int]) -> Optional[Finding]:
     train = curves.train
     if len(train) < 2 or train[-2] - train[-1] < NOT_CONVERGED_DROP * abs(train[0]):
         return None
+    if best_at is not None and best_at != int(curves.epochs[-1]):
+        return None  # the monitored value was best at an earlier epoch: more of the same would not help it
     if curves.val is not None:
         val = curves.val[curves.validated]
         if not curves.validated[-1] or len(val) < 2 or val[-1] >= val[:-1].min():
@@ -346,35 +369,56 @@ def _underfitting(curves: Curves) -> Optional[Finding]:
     )
 
 
+LOSS_FUNCTION = "the loss function"
+NET_ITSELF = "the net itself"  # the root module: its own forward's code, or its own weights
+LOWER_LR = (
+    "Lower the learning rate (model.lr_find(train_data) suggests one), or clip gradients with "
+    "fit(..., gradient_clip_val=1.0)."
+)
+
+
 def _diverged(epoch: Optional[int], divergence: Optional[Divergence]) -> Finding:
     if divergence is not None:
         epoch = divergence.epoch
-    where = f"epoch {epoch}"
     evidence: dict[str, Any] = {"epoch": epoch}
-    if divergence is not None and divergence.batch is not None:
-        where += f", batch {divergence.batch}"
-        evidence["batch"] = divergence.batch
-    said = [f"The loss became NaN or infinite at {where}, and fit stopped."]
-    if divergence is not None and divergence.inputs_finite is not None:
-        evidence["inputs_finite"] = divergence.inputs_finite
+    said = [f"The loss became NaN or infinite at epoch {epoch}, and fit stopped."]
+    advice = LOWER_LR
+    d = divergence
+    if d is not None:
+        known = {k: v for k, v in dataclasses.asdict(d).items() if v is not None and k != "epoch"}
+        evidence.update({k: v for k, v in known.items() if k != "replayed" or v})
+    if d is not None and d.batch is not None:
+        dirty = [part for part, ok in (("inputs", d.inputs_finite), ("labels", d.labels_finite)) if ok is False]
         said.append(
-            "That batch's inputs were finite."
-            if divergence.inputs_finite
-            else "That batch's inputs already held NaN or infinite values."
+            f"Replayed with the weights fit put back, batch {d.batch} of the {d.data} data still gives NaN or "
+            "infinite values" + (f": its {' and '.join(dirty)} hold some." if dirty else ".")
         )
-    if divergence is not None and divergence.module is not None:
-        evidence["module"] = divergence.module
-        said.append(f"The first to output NaN or infinite values was {divergence.module}.")
-    if divergence is not None and divergence.inputs_finite is False:
-        said.append("Clean the data first (model.doctor(train_data) finds NaN values).")
-    else:
-        said.append(
-            "Lower the learning rate (model.lr_find(train_data) suggests one), or clip gradients with "
-            "fit(..., gradient_clip_val=1.0)."
-        )
+        if d.module is not None:
+            said.append(f"The first to output NaN or infinite values was {_named(d.module)}.")
+        if dirty:
+            advice = "Clean the data first (model.doctor(train_data) finds NaN values)."
+        elif d.module == LOSS_FUNCTION:
+            advice = "Look for a log of 0 or a division by 0 in the loss (a relative error with a label of 0 has one)."
+        elif d.module is not None:
+            advice = "Look in its forward for a log, a square root or a division of values that can be 0 or negative."
+    elif d is not None:
+        if d.replayed:
+            said.append(
+                f"Replayed with the weights fit put back, all {d.replayed} batches of the {d.data} data gave finite "
+                "values: the data and the loss are not to blame, the updates are."
+            )
+        if d.module is not None:
+            said.append(f"When fit stopped, the first module holding NaN or infinite weights was {_named(d.module)}.")
+        elif d.weights_finite:
+            said.append("When fit stopped, the weights were still finite, but so large that a value overflowed.")
+    said.append(advice)
     return Finding(
         "diverged", "error", " ".join(said), epochs=(epoch,) if epoch is not None else None, evidence=evidence
     )
+
+
+def _named(module: str) -> str:
+    return module if module in (LOSS_FUNCTION, NET_ITSELF) else f"the module {module!r}"
 
 
 # -- what fit measured beside the history ------------------------------------------------------------

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..data.forms import FitData, prepare_data
-from ..data.peek import rng_untouched
+from ..data.peek import rng_untouched, workers_as_they_were
 from ..devices.runtime import runtime_for_net
 from ..helpers.modes import eval_mode, train_mode
 from ..helpers.protocols import TrainableModel
@@ -34,7 +34,7 @@ from ..training.callback_list import CallbackList
 from ..training.first_batch_hints import broadcast_mismatch
 from ..training.labels import label_fix
 from ..training.loop import FitStep
-from ..training.snapshot import training_snapshot, workers_as_they_were
+from ..training.snapshot import training_snapshot
 from .data_checks import (
     CLASSIFICATION_LOSSES,
     class_balance,

@@ -59,4 +59,20 @@ def compiled_net(model, compile_options: Optional[dict]) -> Iterator[None]:
         model.net = users_net
 
 
-__all__ = ["compiled_net"]
+@contextlib.contextmanager
+def eager_net(model) -> Iterator[None]:
+    """Run the body with ``model.net`` as the module the compiled wrapper holds, if it is one: a
+    check's forward pass, with hooks on every module, gains nothing from being compiled."""
+    net = model.net
+    bare = getattr(net, "_orig_mod", None)
+    if not isinstance(bare, torch.nn.Module):
+        yield
+        return
+    model.net = bare
+    try:
+        yield
+    finally:
+        model.net = net
+
+
+__all__ = ["compiled_net", "eager_net"]

@@ -28,11 +28,13 @@ from ..settings import MonitorSettings
 from ..strategies import unwrap
 from .callback import logs_added_by
 from .callback_list import CallbackList
+from .compiling import eager_net
 from .first_batch_hints import broadcast_mismatch, first_batch_hint
 from .history import history_columns
 from .loop import FitStep
 from .metric_meters import (
     MetricCopies,
+    OutputMetric,
     is_stateful_metric,
     metric_copies_for,
     metric_friendly,
@@ -53,11 +55,12 @@ def check_first_batches(model: Any, train_data: Any, val_data: Optional[Any], ru
     already (:func:`try_own_step`): its training batch is not checked again here.
 
     Every process checks the same batches (the data before each takes its share), so a check fails
-    on all of them or on none."""
-    if model.uses_default_train_step:
-        check_batch(model, first_batch(train_data, names.train_name), runtime, names.train_name)
-    if val_data is not None:
-        check_batch(model, first_batch(val_data, names.val_name), runtime, names.val_name)
+    on all of them or on none. A compiled net is checked as the module it compiles."""
+    with eager_net(model):
+        if model.uses_default_train_step:
+            check_batch(model, first_batch(train_data, names.train_name), runtime, names.train_name)
+        if val_data is not None:
+            check_batch(model, first_batch(val_data, names.val_name), runtime, names.val_name)
 
 
 def check_batch(model: Any, batch: Any, runtime: Any, name: str) -> None:
@@ -156,11 +159,11 @@ class StepOutline(NamedTuple):
 
     values: Optional[tuple[str, ...]] = None
 
-    def columns(self, metric_names: list[str], has_val: bool) -> list[str]:
+    def columns(self, metric_names: list[str], has_val: bool, lr_groups: int = 1) -> list[str]:
         """The history's columns after ``epoch``: a dict's names as ``train_<name>`` (``loss`` is
         ``train_loss``; the train metrics need predictions, which a dict does not give), then ``lr``
         and the validation columns."""
-        usual = history_columns(metric_names, has_val)
+        usual = history_columns(metric_names, has_val, lr_groups)
         if self.values is None:
             return usual
         return [*(f"train_{name}" for name in self.values), *usual[usual.index("lr") :]]
@@ -290,8 +293,8 @@ def check_first_outputs(
 
 def check_metrics_on(
     metrics_dict: dict,
-    preds: Any,
-    labels: Any,
+    whole_preds: Any,
+    whole_labels: Any,
     name: str,
     copies: MetricCopies,
     processes: int = 1,
@@ -304,12 +307,16 @@ def check_metrics_on(
     The copies come from ``copies``, and go back to it for the run's meters.
     Under several processes, a metric whose state is plain Python numbers (which cannot be
     summed over processes) is refused too: it would report one process's share alone."""
-    preds = metric_friendly(preds)
-    kind = outputs_kind(preds, labels)
     for key, metric in metrics_dict.items():
         number_states: list[str] = []
         try:
             with torch.no_grad():
+                if isinstance(metric, OutputMetric):  # a metric of one output gets its values alone
+                    metric, (preds, labels) = metric.metric, metric.pick(whole_preds, whole_labels)
+                else:
+                    preds, labels = whole_preds, whole_labels
+                preds = metric_friendly(preds)
+                kind = outputs_kind(preds, labels)
                 if is_stateful_metric(metric):
                     trial = copies.take(metric)  # comes reset
                     numbers = _number_states(trial) if processes > 1 else {}
@@ -377,7 +384,8 @@ def fits_own_columns(
     outline = StepOutline()
     if not model.uses_default_train_step:
         outline = try_own_step(model, train_data, runtime, settings.step, name)
-    columns = outline.columns(settings.metric_names(model.metrics_dict), val_data is not None)
+    lr_groups = len(model.optimizer.param_groups)
+    columns = outline.columns(settings.metric_names(model.metrics_dict), val_data is not None, lr_groups)
     columns += [name for name in logs_added_by(settings.callbacks) if name not in columns]
     if not model.uses_default_train_step:  # the step named its values on its trial: monitor one of them
         monitoring = monitor_for_columns(settings.monitoring, columns, outline.values)

@@ -4,13 +4,16 @@ does not make (a regression loss whose outputs and labels broadcast into each ot
 
 from __future__ import annotations
 
+import inspect
 import re
+from collections.abc import Mapping
 from typing import Any, Optional
 
 import torch
 
 from ..data.batches import BatchError, describe_reading, unpack
 from ..data.forms import holds_arrays
+from ..strategies import unwrap
 
 REGRESSION_LOSSES = (torch.nn.MSELoss, torch.nn.L1Loss, torch.nn.SmoothL1Loss, torch.nn.HuberLoss)
 
@@ -50,8 +53,9 @@ def first_batch_hint(model: Any, batch: Any, error: Optional[Exception] = None, 
         args, kwargs, labels, weights_given = unpack(batch, labels_at)
     except BatchError:
         return ""
-    labels_to_net = getattr(model, "loss_fn", None) is None and isinstance(batch, dict)
-    said = f" kerastorch called {describe_reading(batch, labels_at, labels_to_net)}."
+    labels_to_net = getattr(model, "loss_fn", None) is None and isinstance(batch, Mapping)
+    one_dict = getattr(model, "inputs_as", "keywords") == "dict"
+    said = f" kerastorch called {describe_reading(batch, labels_at, labels_to_net, one_dict)}."
     inputs = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
     weights = [p for p in model.net.parameters() if p.is_floating_point()]
     if weights and any(t.dtype == torch.float64 for t in inputs) and weights[0].dtype == torch.float32:
@@ -87,17 +91,48 @@ def first_batch_hint(model: Any, batch: Any, error: Optional[Exception] = None, 
         return said
     if isinstance(batch, (list, tuple)) and len(batch) >= 2:
         where = "first" if labels_at is None else "at another place"
+        example = 0 if labels_at is None else "<their position>"
         return said + (
             f" If the labels are not batch[{len(batch) - 1 if labels_at is None else labels_at}] (a collate_fn that "
-            f"returns (labels, text, offsets) puts them {where}), say where they are: KerasModel(..., labels_at=0); "
-            "predict reads batches the same way. For any other layout override forward_batch (and predict_batch)."
+            f"returns (labels, text, offsets) puts them {where}), say where they are: "
+            f"KerasModel(..., labels_at={example}); predict reads batches the same way. For any other layout "
+            "override forward_batch (and predict_batch)."
         )
-    if isinstance(batch, dict):
-        return said + (
+    if isinstance(batch, Mapping):
+        return said + _dict_batch_hint(model.net, labels_at, one_dict)
+    return said
+
+
+def _dict_batch_hint(net: torch.nn.Module, labels_at: Any, one_dict: bool) -> str:
+    """The net refused a dict batch's inputs: as keywords when its forward takes one argument (or as one
+    dict when it takes several), else the labels may be under another key than kerastorch read."""
+    try:
+        parameters = list(inspect.signature(unwrap(net).forward).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    named = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(named) != len(parameters):  # *args or **kwargs: the forward does not say what it takes
+        named = []
+    if not one_dict and len(named) == 1:
+        return (
+            f" The net's forward takes one argument, {named[0]}: to give it the inputs as one dict, say so: "
+            "KerasModel(..., inputs_as='dict'); predict reads batches the same way."
+        )
+    if one_dict and len(named) > 1:
+        return (
+            f" With inputs_as='dict' the net gets the inputs as one dict, but its forward takes {', '.join(named)}: "
+            "drop inputs_as to give them as keyword arguments."
+        )
+    if labels_at is None:
+        return (
             " If the labels are under another key, say which: KerasModel(..., labels_at='target'); predict reads "
             "batches the same way. For any other layout override forward_batch (and predict_batch)."
         )
-    return said
+    takes = f"The net's forward takes {', '.join(named)}" if named else "The net refused them"
+    return (
+        f" {takes}: name the batch's inputs as its arguments, or override forward_batch (and predict_batch) for "
+        "another layout."
+    )
 
 
 def _layout_may_be_wrong(batch: Any, args: tuple, kwargs: dict, labels: Any, text: str, culprit: Any) -> bool:
@@ -108,7 +143,7 @@ def _layout_may_be_wrong(batch: Any, args: tuple, kwargs: dict, labels: Any, tex
     inputs = [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
     if culprit is not None and not culprit.net_entered:
         return True
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         return "keyword argument" in text or "positional argument" in text
     if isinstance(batch, (list, tuple)) and len(batch) >= 3:
         return True

@@ -15,17 +15,28 @@ except ImportError:  # older pandas: the dict constructor
     create_dataframe_from_blocks = None
 
 
-def history_columns(metric_names: Iterable[str], has_val_data: bool) -> list[str]:
-    """The columns a run will produce after ``epoch``, known before the first batch.
+def history_columns(metric_names: Iterable[str], has_val_data: bool, lr_groups: int = 1) -> list[str]:
+    """The columns a run will produce after ``epoch``, known before the first batch (``lr_groups``: the
+    optimizer's parameter groups, one learning-rate column each, see :func:`lr_columns`).
 
     >>> history_columns(["acc"], has_val_data=True)
     ['train_loss', 'train_acc', 'lr', 'val_loss', 'val_acc']
     """
     metric_names = list(metric_names)
-    names = ["train_loss", *(f"train_{m}" for m in metric_names), "lr"]
+    names = ["train_loss", *(f"train_{m}" for m in metric_names), *lr_columns(lr_groups)]
     if has_val_data:
         names += ["val_loss", *(f"val_{m}" for m in metric_names)]
     return names
+
+
+def lr_columns(groups: int) -> list[str]:
+    """The learning-rate columns of an optimizer with ``groups`` parameter groups: ``lr`` for the first,
+    ``lr_1``, ``lr_2``... for the others.
+
+    >>> lr_columns(1), lr_columns(3)
+    (['lr'], ['lr', 'lr_1', 'lr_2'])
+    """
+    return ["lr", *(f"lr_{i}" for i in range(1, groups))]
 
 
 def history_frame(rows: list[dict], columns: Optional[list[str]] = None) -> pd.DataFrame:
@@ -42,6 +53,8 @@ def history_frame(rows: list[dict], columns: Optional[list[str]] = None) -> pd.D
     names = dict.fromkeys(columns or ())
     for row in rows:
         names.update(dict.fromkeys(row))
+    if columns and "lr" in names:
+        names = _lr_columns_together(names)
     data: dict[str, Any] = {}
     for name in names:
         values = [row.get(name, math.nan) for row in rows]
@@ -64,6 +77,19 @@ def history_frame(rows: list[dict], columns: Optional[list[str]] = None) -> pd.D
     return frame
 
 
+def _lr_columns_together(names: dict) -> dict:
+    """A parameter group's learning rate that a callback added during the run (its column is not among
+    those known beforehand) beside the other ``lr`` columns, not after the validation values."""
+    rates = [name for name in names if name == "lr" or (name.startswith("lr_") and name[3:].isdigit())]
+    ordered: dict = {}
+    for name in names:
+        if name == "lr":
+            ordered.update(dict.fromkeys(rates))
+        elif name not in rates:
+            ordered[name] = None
+    return ordered
+
+
 def _is_float_array(values: Any) -> bool:
     return isinstance(values, np.ndarray) and values.dtype == np.float64
 
@@ -84,4 +110,4 @@ def _column_labels(names: tuple[str, ...]) -> pd.Index:
     return pd.Index(names)
 
 
-__all__ = ["history_columns", "history_frame"]
+__all__ = ["history_columns", "history_frame", "lr_columns"]

@@ -24,7 +24,8 @@ add up as in PyTorch.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Union
+import time
+from typing import Any, Iterator, Optional, Union
 
 import torch
 
@@ -36,6 +37,7 @@ from ..helpers.protocols import Epochs, TrainableModel
 from ..settings import StepSettings, is_validated
 from .callback_list import CallbackList
 from .eval_loop import evaluate_epoch
+from .history import lr_columns
 from .meters import EpochMeters, StepLogs
 from .out_of_memory import EvalPieces, agree_on_micro_batch, failure_of, train_in_pieces
 from .position import RunPosition
@@ -73,11 +75,11 @@ def fit_loop(
     for epoch in range(first_epoch, last_epoch + 1):
         modes.for_training()  # before on_epoch_begin: a callback may put a module in eval mode there
         callbacks.call("on_epoch_begin", epoch, {})
-        lr = position.begin_epoch(epoch, current_lr(model.optimizer))
+        rates = position.begin_epoch(epoch, learning_rates(model.optimizer))
         train_logs = epochs.train(train_loader)
         validate = val_loader is not None and is_validated(epoch, validation_freq)
         val_logs = epochs.validate(val_loader) if validate else {}
-        logs = {"epoch": epoch, **train_logs, "lr": lr, **val_logs}
+        logs = {"epoch": epoch, **train_logs, **rates, **val_logs}
         epochs.end_epoch(logs)  # before the row joins the history: a failure here keeps the epoch out of it
         history.append(logs)
         runtime.wait_for_everyone()  # with several processes, files are written after a barrier
@@ -105,6 +107,7 @@ class FitEpochs:
     ):
         self.model, self.runtime, self.callbacks, self.meters = model, runtime, callbacks, meters
         self.fit_step, self.position, self.preemption = fit_step, position, preemption
+        self.timing: list[dict] = []  # one row per epoch trained: epoch, seconds, data_wait_fraction
 
     def train(self, loader: Any) -> dict[str, float]:
         return train_epoch(
@@ -116,6 +119,7 @@ class FitEpochs:
             self.fit_step,
             self.position,
             self.preemption,
+            self.timing,
         )
 
     def validate(self, loader: Any) -> dict[str, float]:
@@ -136,12 +140,15 @@ def train_epoch(
     fit_step: FitStep,
     position: Optional[RunPosition] = None,
     preemption: Optional[Preemption] = None,
+    timing: Optional[list[dict]] = None,
 ) -> dict[str, float]:
     """One epoch's training batches: ``train_step`` on each, its values into ``meters``.
 
     ``position``: a resumed epoch starts at its first batch not yet trained (the loader hands out
     the rest); ``preemption``: after a preemption signal, the epoch stops at the next
-    optimizer-step boundary (see :mod:`~kerastorch.training.preemption`)."""
+    optimizer-step boundary (see :mod:`~kerastorch.training.preemption`); ``timing`` gets the
+    epoch's row: its seconds and the share of them spent waiting for the loader (:class:`TimedBatches`)."""
+    batches = TimedBatches(loader)
     meters.reset()
     # The hooks are asked for once: a hook no callback overrides costs nothing per batch.
     on_batch_begin = callbacks.listeners("on_train_batch_begin")
@@ -149,7 +156,7 @@ def train_epoch(
     fit_step.start_epoch(num_batches(loader))
     weighted = bool(meters.weighted)  # weighted_metrics read each batch's sample weights
     first_batch = position.continue_epoch(meters) if position is not None else 0
-    for batch_index, batch in enumerate(loader, start=first_batch):
+    for batch_index, batch in enumerate(batches, start=first_batch):
         for hook in on_batch_begin:
             hook(batch_index, {})
         batch = runtime.to_device(batch)
@@ -174,7 +181,37 @@ def train_epoch(
             "train_data produced no batches this epoch. Check that the dataset is not empty and drop_last "
             "does not drop the only batch."
         )
-    return meters.read()
+    values = meters.read()  # waits for the device: the epoch's seconds include its work
+    if timing is not None:
+        timing.append(batches.row(position.epoch if position is not None else len(timing) + 1))
+    return values
+
+
+class TimedBatches:
+    """A loader's batches, and the seconds the loop waited for them: the time spent in the loader's
+    ``__next__`` (and in ``iter``, which starts its workers), read on the host with
+    ``time.perf_counter``. No device is asked anything, so nothing waits for it."""
+
+    def __init__(self, loader: Any):
+        self.loader = loader
+        self.started = time.perf_counter()
+        self.waited = 0.0
+
+    def __iter__(self) -> Iterator[Any]:
+        asked = time.perf_counter()
+        batches, done = iter(self.loader), object()
+        while True:
+            batch = next(batches, done)
+            self.waited += time.perf_counter() - asked
+            if batch is done:
+                return
+            yield batch
+            asked = time.perf_counter()
+
+    def row(self, epoch: int) -> dict:
+        """The epoch's timing row: its seconds until now, and the share of them spent waiting."""
+        seconds = time.perf_counter() - self.started
+        return {"epoch": epoch, "seconds": seconds, "data_wait_fraction": self.waited / seconds if seconds else 0.0}
 
 
 class FitStep:
@@ -367,8 +404,11 @@ class FitStep:
 STEP_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_after_optimizer_step")
 
 
-def current_lr(optimizer: torch.optim.Optimizer) -> float:
-    return float(optimizer.param_groups[0]["lr"])
+def learning_rates(optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    """Each parameter group's learning rate as the epoch begins, under its history column's name: ``lr``,
+    then ``lr_1``, ``lr_2``... with several groups (also a group a callback adds during the run)."""
+    groups = optimizer.param_groups
+    return dict(zip(lr_columns(len(groups)), (float(group["lr"]) for group in groups)))
 
 
-__all__ = ["FitEpochs", "FitStep", "fit_loop", "train_epoch"]
+__all__ = ["FitEpochs", "FitStep", "TimedBatches", "fit_loop", "train_epoch"]

@@ -29,6 +29,7 @@ from .metric_meters import (
     is_stateful_metric,
     metric_copies_for,
     metric_friendly,
+    metric_of,
     stateful_value,
 )
 from .metric_sync import exact_sum_dtype
@@ -67,7 +68,7 @@ class EpochMeters:
         copies = copies if copies is not None else MetricCopies(device)  # the run's, shared with its checks
         self.meters: dict[str, Any] = {
             name: StatefulMeter(m, copies, reduce_fn)
-            if is_stateful_metric(m)
+            if is_stateful_metric(metric_of(m))
             else FunctionMeter(m, device, self.sum_dtype)
             for name, m in metrics_dict.items()
         }

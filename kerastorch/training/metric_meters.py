@@ -4,6 +4,11 @@ A torchmetrics ``Metric`` (or any object with ``compute`` and ``reset``, torchke
 updated on a copy of its own (:class:`MetricCopies`: the user's metric stays untouched); a plain
 function ``f(preds, labels)`` is averaged over the samples; a ``weighted_metrics`` function over the
 sample weights. :class:`~kerastorch.training.meters.EpochMeters` holds one of these per metric.
+
+A net whose outputs and labels are dicts may have a metric per output (Keras's per-output metrics):
+``metrics_dict={"cls": {"acc": Accuracy(...)}}``, or a torchmetrics ``MultitaskWrapper``. Each such
+metric is an :class:`OutputMetric`, named ``<output>_<name>`` (the history's ``val_cls_acc``), and
+gets the output's values alone.
 """
 
 from __future__ import annotations
@@ -27,42 +32,101 @@ def is_stateful_metric(metric: Any) -> bool:
 RESERVED_NAMES = ("loss", "lr", "epoch")
 
 
-def check_metrics(metrics_dict: Optional[dict]) -> dict:
-    """Refuse a metric that cannot be called, naming its key."""
+class OutputMetric:
+    """A metric of one output of a net whose outputs and labels are dicts: it gets ``preds[output]`` and
+    ``labels[output]`` (Keras's per-output metrics). :func:`check_metrics` makes them."""
+
+    def __init__(self, output: str, metric: Any):
+        self.output = output
+        self.metric = metric
+
+    @property
+    def higher_is_better(self) -> Optional[bool]:  # the metric's own (torchmetrics), for mode="auto"
+        return getattr(self.metric, "higher_is_better", None)
+
+    def pick(self, preds: Any, labels: Any) -> tuple[Any, Any]:
+        """This output's predictions and labels."""
+        for what, value in (("outputs", preds), ("labels", labels)):
+            if not (isinstance(value, Mapping) and self.output in value):
+                held = f"a dict with keys {', '.join(map(repr, value))}" if isinstance(value, Mapping) else "no dict"
+                raise ValueError(
+                    f"this metric is for the output {self.output!r}, but the batch's {what} are {held}. A metric per "
+                    f"output needs a net that returns a dict and labels in a dict, both with the key {self.output!r}."
+                )
+        return preds[self.output], labels[self.output]
+
+
+def metric_of(metric: Any) -> Any:
+    """The user's metric itself (the one inside an :class:`OutputMetric`)."""
+    return metric.metric if isinstance(metric, OutputMetric) else metric
+
+
+def check_metrics(metrics_dict: Optional[Mapping]) -> dict:
+    """The metrics by column name, each checked (a metric that cannot be called is refused, naming its
+    key). A metric per output, ``{"cls": {"acc": m}}`` or ``{"acc": MultitaskWrapper({"cls": m})}``, is
+    named ``cls_acc`` (an :class:`OutputMetric`)."""
     if metrics_dict is not None and not isinstance(metrics_dict, Mapping):
         raise TypeError(
             f"metrics_dict is a {type(metrics_dict).__name__}, but it must be a dict of name -> metric, "
             "e.g. {'acc': torchmetrics.Accuracy(task='multiclass', num_classes=10)}."
         )
-    metrics_dict = dict(metrics_dict or {})
-    for name, metric in metrics_dict.items():
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"metrics_dict keys must be non-empty strings like 'acc'; got {name!r}.")
-        if name in RESERVED_NAMES or name.startswith(("train_", "val_")):
-            raise ValueError(
-                f"metrics_dict[{name!r}]: the history already has columns named after it ({name!r} would become "
-                f"'train_{name}' and 'val_{name}', or clash with 'epoch', 'lr', 'train_loss', 'val_loss'), and the "
-                f"best weights would follow the wrong one. Name it otherwise, e.g. 'my_{name.split('_', 1)[-1]}'."
-            )
-        if isinstance(metric, type):
-            raise TypeError(
-                f"metrics_dict[{name!r}] is the class {metric.__name__}, not a metric. Build one: "
-                f"{metric.__name__}(...) (note the brackets), e.g. torchmetrics.Accuracy(task='multiclass', "
-                "num_classes=10)."
-            )
-        if type(metric).__name__ == "MetricCollection":
-            raise TypeError(
-                f"metrics_dict[{name!r}] is a torchmetrics MetricCollection, which computes a dict; the history holds "
-                "one number per column. Put its metrics in metrics_dict one by one: "
-                "metrics_dict={'acc': Accuracy(...), 'f1': F1Score(...)}."
-            )
-        if not callable(metric):
-            raise TypeError(
-                f"metrics_dict[{name!r}] is a {type(metric).__name__}, which cannot be called. A metric is a "
-                "torchmetrics Metric (e.g. torchmetrics.Accuracy(task='multiclass', num_classes=10)), a module "
-                "with forward/compute/reset, or a function f(preds, labels) -> tensor."
-            )
-    return metrics_dict
+    checked: dict = {}
+    for name, metric in (metrics_dict or {}).items():
+        where = f"metrics_dict[{name!r}]"
+        _check_name(name, where)
+        # (where, the output it reads or None for the whole outputs, the output's key or metric's name, column, metric)
+        if isinstance(metric, Mapping):  # Keras's per-output form: {output: {name: metric}}
+            entries = [(f"{where}[{k!r}]", name, k, f"{name}_{k}", m) for k, m in metric.items()]
+        elif type(metric).__name__ == "MultitaskWrapper":  # torchmetrics' metric per task: {task: metric}
+            tasks = metric.task_metrics.items()
+            entries = [(f"{where}'s task {k!r}", k, k, f"{k}_{name}", m) for k, m in tasks]
+        else:
+            entries = [(where, None, name, name, metric)]
+        for place, output, key, column, m in entries:
+            _check_name(key, place)
+            _check_metric(column, m, place)
+            if column in checked:
+                raise ValueError(f"{place} makes the column {column!r} twice; give one of the metrics another name.")
+            checked[column] = m if output is None else OutputMetric(output, m)
+    return checked
+
+
+def _check_name(name: Any, where: str, column: bool = False) -> None:
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{where}: metrics_dict keys must be non-empty strings like 'acc'; got {name!r}.")
+    if column and (name in RESERVED_NAMES or name.startswith(("train_", "val_"))):
+        raise ValueError(
+            f"{where}: the history already has columns named after it ({name!r} would become "
+            f"'train_{name}' and 'val_{name}', or clash with 'epoch', 'lr', 'train_loss', 'val_loss'), and the "
+            f"best weights would follow the wrong one. Name it otherwise, e.g. 'my_{name.split('_', 1)[-1]}'."
+        )
+
+
+def _check_metric(name: str, metric: Any, where: str) -> None:
+    _check_name(name, where, column=True)
+    if isinstance(metric, type):
+        raise TypeError(
+            f"{where} is the class {metric.__name__}, not a metric. Build one: "
+            f"{metric.__name__}(...) (note the brackets), e.g. torchmetrics.Accuracy(task='multiclass', "
+            "num_classes=10)."
+        )
+    if type(metric).__name__ == "MetricCollection":
+        raise TypeError(
+            f"{where} is a torchmetrics MetricCollection, which computes a dict; the history holds "
+            "one number per column. Put its metrics in metrics_dict one by one: "
+            "metrics_dict={'acc': Accuracy(...), 'f1': F1Score(...)}."
+        )
+    if isinstance(metric, Mapping):
+        raise TypeError(
+            f"{where} is a dict again; a metric per output takes one level: "
+            "metrics_dict={'cls': {'acc': Accuracy(...)}, 'reg': {'mae': MeanAbsoluteError()}}."
+        )
+    if not callable(metric):
+        raise TypeError(
+            f"{where} is a {type(metric).__name__}, which cannot be called. A metric is a "
+            "torchmetrics Metric (e.g. torchmetrics.Accuracy(task='multiclass', num_classes=10)), a module "
+            "with forward/compute/reset, or a function f(preds, labels) -> tensor."
+        )
 
 
 def metric_update_fn(metric: Any) -> Callable:
@@ -79,7 +143,8 @@ def scalar_metric_value(value: Any, name: str) -> torch.Tensor:
     if isinstance(value, Mapping):
         raise ValueError(
             f"Metric {name!r} computed a dict ({', '.join(map(str, value))}); the history holds one number per "
-            "metric. Put each of its values in metrics_dict as a metric of its own."
+            "metric. Put each of its values in metrics_dict as a metric of its own. For a metric per output of a "
+            "net that returns a dict, name the output: metrics_dict={'cls': {'acc': Accuracy(...)}}."
         )
     value = torch.as_tensor(value)
     if value.numel() != 1:
@@ -169,7 +234,7 @@ def metric_copies_for(model: Any, device: torch.device) -> MetricCopies:
     copies = kept.get(device)
     if copies is None:
         copies = kept[device] = MetricCopies(device)
-    copies.keep_only(model.metrics_dict.values())
+    copies.keep_only(metric_of(metric) for metric in model.metrics_dict.values())
     return copies
 
 
@@ -177,6 +242,8 @@ class StatefulMeter:
     """A metric that keeps its own state: updated with batches, read with ``compute``."""
 
     def __init__(self, metric: Any, copies: MetricCopies, reduce_fn: Optional[Callable] = None):
+        self.output = metric if isinstance(metric, OutputMetric) else None  # a metric of one output
+        metric = metric_of(metric)
         self.source = metric  # the user's metric: the meter updates a copy of its own
         self.copies = copies
         self._metric: Any = None  # the copy, taken when first used (see MetricCopies)
@@ -193,6 +260,9 @@ class StatefulMeter:
         return self._metric
 
     def update(self, preds: Any, labels: Any, n: int) -> None:
+        if self.output is not None:
+            preds, labels = self.output.pick(preds, labels)
+            preds = metric_friendly(preds)
         metric_update_fn(self.metric)(preds, labels)
         self.seen = True
 
@@ -245,12 +315,16 @@ class FunctionMeter:
     """A plain ``f(preds, labels) -> tensor``, averaged over samples."""
 
     def __init__(self, fn: Callable, device: torch.device, sum_dtype: torch.dtype):
-        self.fn = fn
+        self.output = fn if isinstance(fn, OutputMetric) else None  # a metric of one output
+        self.fn = metric_of(fn)
         self.total = torch.zeros((), device=device, dtype=sum_dtype)
         self.count = 0
         self.seen = False
 
     def update(self, preds: Any, labels: Any, n: int) -> None:
+        if self.output is not None:
+            preds, labels = self.output.pick(preds, labels)
+            preds = metric_friendly(preds)
         value = torch.as_tensor(self.fn(preds, labels))
         self.total += value.detach().to(self.total.device, self.total.dtype) * n
         self.count += n

@@ -4,7 +4,7 @@ strategy refuses, and BatchNorm's batches of one sample.
 
 Each message says what was wrong, what was expected and what to try. The keywords themselves
 were checked at the door (:mod:`kerastorch.arguments`); the first batch is checked by
-:mod:`kerastorch.checks.first_batch`.
+:mod:`kerastorch.training.first_batch`.
 """
 
 from __future__ import annotations

@@ -9,33 +9,36 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 
 @dataclasses.dataclass
 class EpochResume:
-    """An epoch a saved run left after ``batches`` training batches: the lr it began with (its
-    history row's ``lr``) and its training meters' partial sums."""
+    """An epoch a saved run left after ``batches`` training batches: the learning rates it began with
+    (its history row's ``lr``, ``lr_1``...; a state saved before there were several: ``lr`` alone, a
+    float) and its training meters' partial sums."""
 
     epoch: int
     batches: int
-    lr: float
+    lr: Union[float, dict[str, float]]
     meters: Optional[dict]
 
 
 class RunPosition:
-    """The epoch in progress (1-based; 0 before the first), its lr and training meters."""
+    """The epoch in progress (1-based; 0 before the first), its learning rates and training meters."""
 
     def __init__(self, train_meters: Any = None):
         self.epoch = 0
-        self.lr = math.nan
+        self.lr: dict[str, float] = {"lr": math.nan}  # each parameter group's, by its history column
         self.train_meters = train_meters
         self.resume: Optional[EpochResume] = None
 
-    def begin_epoch(self, epoch: int, lr: float) -> float:
-        """Epoch ``epoch`` begins with ``lr``; returns the lr of its history row (a resumed epoch's own)."""
+    def begin_epoch(self, epoch: int, lr: dict[str, float]) -> dict[str, float]:
+        """Epoch ``epoch`` begins with the learning rates ``lr``; returns those of its history row (a
+        resumed epoch's own)."""
         if self.resume is not None and self.resume.epoch == epoch:
-            lr = self.resume.lr
+            saved = self.resume.lr
+            lr = {**lr, **saved} if isinstance(saved, dict) else {**lr, "lr": saved}
         self.epoch, self.lr = epoch, lr
         return lr
 

@@ -136,6 +136,8 @@ class Preemption(Callback):
         """Write the training state (``batches`` trained of ``epoch``; 0: before it began), requeue under
         SLURM, raise :class:`Preempted`. Every process calls it at the same batch."""
         where = f"after batch {batches} of epoch {epoch}" if batches else f"after epoch {epoch - 1}"
+        if epoch == 1 and not batches:
+            where = "before training began"
         code = self.agreed_code or self.signal_code
         name = SIGNAL_NAMES.get(code, "a signal")
         if self.state is None:

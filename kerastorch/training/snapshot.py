@@ -6,7 +6,7 @@ which a ``state_dict`` leaves out) of the net and of the loss when it is a modul
 learned temperature, a running count), with their device, any other tensor the optimizer
 updates, ``requires_grad`` flags, gradients and train/eval mode, the optimizer's state and
 hyper-parameters (its learning rates), the scheduler, every random number generator with
-the loaders' shuffle order (:mod:`kerastorch.training.rng`, the same capture that
+the loaders' shuffle order (:mod:`kerastorch.helpers.rng`, the same capture that
 ``resume=True`` saves), and the worker processes of a ``persistent_workers=True`` loader
 that had none before. So ``lr_find`` followed by ``fit`` gives the history ``fit`` alone gives.
 
@@ -27,6 +27,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
+from ..data.peek import workers_as_they_were
 from ..helpers.rng import capture_rng_state, restore_rng_state
 from ..strategies import unwrap
 
@@ -111,25 +112,6 @@ class TensorSnapshot:
                     tensor.grad = grad
 
 
-@contextlib.contextmanager
-def workers_as_they_were(loaders: Iterable[Any]) -> Iterator[None]:
-    """A ``persistent_workers=True`` DataLoader starts its worker processes on its first pass and
-    keeps them, with their random state, for every later pass. A loader that had none before the
-    block has none after it: the next run starts them as it would have without the block."""
-    fresh = [
-        loader
-        for loader in loaders
-        if getattr(loader, "persistent_workers", False) and getattr(loader, "_iterator", False) is None
-    ]
-    try:
-        yield
-    finally:
-        for loader in fresh:
-            iterator, loader._iterator = loader._iterator, None
-            if iterator is not None:
-                iterator._shutdown_workers()
-
-
 def model_attributes(model: Any) -> dict[str, Any]:
     """The optimizers, schedulers and grad scalers the model holds as attributes, besides fit's own,
     by name: ``{"d_optimizer": Adam(...), "optimizers[1]": SGD(...)}``. Each object once (the first
@@ -165,5 +147,4 @@ __all__ = [
     "trained_modules",
     "trained_tensors",
     "training_snapshot",
-    "workers_as_they_were",
 ]
