@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import weakref
 from typing import Optional
 
@@ -334,3 +335,63 @@ def test_fsdp_refuses_to_split_saying_why():
     model = kt.KerasModel(net, nn.CrossEntropyLoss())
     with pytest.raises(torch.OutOfMemoryError, match="strategy='fsdp' gathers each block's weights"):
         model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, accelerator="cpu", devices=2, strategy="fsdp")
+
+
+# -- a real GPU ---------------------------------------------------------------------------------
+
+
+class KeepsMicroBatch(kt.Callback):
+    def on_train_end(self, logs=None):
+        self.micro_batch = self.model.fit_step.micro_batch
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
+def test_on_a_gpu_a_batch_too_large_for_its_memory_splits_and_finishes(capsys):
+    """Batches of 128 images of 3x256x256 through two convolutions need about 4 GiB of activations;
+    the process may use 1.5 GiB of the GPU (torch's per-process cap): the first-batch check, the
+    training steps and the validation run out for real, and the run ends as the uncapped one does."""
+    generator = torch.Generator().manual_seed(0)
+    x, x_val = torch.randn(256, 3, 256, 256, generator=generator), torch.randn(128, 3, 256, 256, generator=generator)
+    y, y_val = torch.randint(0, 10, (256,), generator=generator), torch.randint(0, 10, (128,), generator=generator)
+
+    def run():
+        torch.manual_seed(1)
+        net = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10),
+        )  # fmt: skip
+        model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+        kept = KeepsMicroBatch()
+        options = {"batch_size": 128, "epochs": 2, "accelerator": "cuda", "callbacks": [kept]}
+        torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        history = model.fit(x, y, validation_data=(x_val, y_val), **options)
+        seconds = time.perf_counter() - start
+        weights = {k: v.detach().cpu().clone() for k, v in net.state_dict().items()}
+        return history, weights, kept.micro_batch, torch.cuda.max_memory_allocated() / 2**30, seconds
+
+    cap = 1.5 * 2**30
+    with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True, allow_tf32=False):
+        reference = run()
+        capsys.readouterr()
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(0).total_memory)
+        try:
+            split = run()
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0)
+    said = capsys.readouterr().out
+
+    assert reference[2] is None and split[2] is not None and split[2] < 128
+    assert "micro-batches of" in said and "Validation ran out of memory" in said
+    assert split[3] <= 1.5 < reference[3]
+    # (cuDNN may pick another algorithm for another batch size: a looser tolerance than on the CPU)
+    pd.testing.assert_frame_equal(split[0], reference[0], check_exact=False, rtol=1e-4, atol=1e-5)
+    for name, value in split[1].items():
+        torch.testing.assert_close(value, reference[1][name], rtol=1e-4, atol=1e-5, msg=name)
+    print(
+        f"out of memory on {torch.cuda.get_device_name(0)}: batches of 128 images trained in micro-batches of "
+        f"{split[2]} under a cap of 1.5 GiB: peak {split[3]:.2f} GiB, fit {split[4]:.1f} s (the first try of each "
+        f"size included); uncapped, whole batches: peak {reference[3]:.2f} GiB, fit {reference[4]:.1f} s"
+    )
