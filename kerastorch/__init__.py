@@ -14,8 +14,9 @@ Who owns what, in the order a ``fit`` call goes through them:
 | data | ``data/`` | one adapter per data form, turning it into loaders; reading a batch into inputs, labels, weights |
 | where | ``devices/`` | Lightning's device words, who started us (torchrun, SLURM, MPI, Kubeflow, Ray), the plan, the runtime |
 | how processes share the work | ``strategies/`` | single device, model parallel, DDP, FSDP behind one protocol; nothing else asks which runs |
-| checks | ``checks/`` | the model and the first batch, before the first weight changes |
-| the run | ``training/`` | ``run`` → ``fit_loop(Epochs)`` → ``FitStep``; meters, history, evaluate and predict |
+| the run | ``run.py``, ``evaluation.py`` | fit's body: the plan, the loaders, the callbacks, then ``fit_loop``; evaluate and predict |
+| training | ``training/`` | ``fit_loop`` → ``train_epoch`` → ``KerasModel.train_step`` with ``FitStep``; the model and first-batch checks, meters, history, the ``Callback`` base |
+| small shared things | ``helpers/`` | train/eval modes, random generators, protocols, value checks, where output goes, plots |
 | optional behaviour | ``callbacks/`` | best weights, early stopping, progress, resume, loggers ... each a callback with an ``order`` |
 | around a fit | ``tools/`` | ``lr_find`` and one cycle, ``doctor``, the run's report (``diagnose``), ``interpret``, ``summary``, plots (reusing ``FitStep``) |
 | torchkeras | ``compat/`` | its step classes as one more ``Epochs``, its callbacks, metrics and words, the ``nn.Module`` names |

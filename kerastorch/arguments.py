@@ -14,7 +14,8 @@ model's metrics), and :func:`~kerastorch.callbacks.monitor.monitor_for_run` deci
 
 What leaves the door is the data as given (:class:`FitData`) and frozen settings; everything
 downstream trusts them. Checks that need the data as loaders, the net or the first batch are not
-about keywords: they live in :mod:`kerastorch.checks`.
+about keywords: they live in :mod:`kerastorch.training.model_checks` and
+:mod:`kerastorch.training.first_batch`.
 """
 
 from __future__ import annotations

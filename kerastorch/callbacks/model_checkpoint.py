@@ -73,7 +73,7 @@ class ModelCheckpoint(MonitorCallback):
     before anything relies on it: the next file this callback writes, a training state (which
     names them), and the end of ``fit``; ``keep_last`` removes an old file only once the new one
     is whole. With a callback of yours in the run that may read files
-    (:func:`~kerastorch.callbacks.base.may_read_ckpt_path`), each file is written before the
+    (:func:`~kerastorch.training.callback.may_read_ckpt_path`), each file is written before the
     callbacks after this one are called instead.
 
     Example::

@@ -31,7 +31,7 @@ the optimizer's in place. The next state waits for it, and ``fit`` returns with 
 written before the later callbacks of its epoch instead when one may read it: a callback of yours
 (:func:`~kerastorch.training.callback.may_read_ckpt_path`), or the report to Ray Train, which copies it;
 and before training goes on when its copy would take more than half of the free host memory
-(:mod:`~kerastorch.files.host_memory`).
+(:mod:`~kerastorch.devices.host_memory`).
 A preempted run writes its state before it stops. A state whose loss is NaN or infinite
 is not written, so the state stays at the last good point. A state resumes only where it can go on
 exactly: under as many processes, with the same net, optimizers, metrics, batch size and batches per
@@ -267,7 +267,7 @@ class TrainingState(Callback):
     def _copy_fits(self, state: dict) -> bool:
         """Whether host memory holds the copy that a write beside training needs: the state's tensors in
         host memory, but the net's weights (a copy already). Said once a run when it does not: the
-        state is then written before training goes on (see :mod:`~kerastorch.files.host_memory`)."""
+        state is then written before training goes on (see :mod:`~kerastorch.devices.host_memory`)."""
         too_large = copy_too_large(host_tensor_bytes({key: value for key, value in state.items() if key != "net"}))
         if too_large is None:
             return True

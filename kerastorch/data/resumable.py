@@ -251,7 +251,7 @@ class ResumableLoader:
 
     def continue_from(self, position: dict, now: dict, loaders: list) -> None:
         """Make the next pass go on from ``position``; ``now`` is the saved run's current random
-        state (as :func:`~kerastorch.training.rng.capture_rng_state` of ``loaders`` gave it)."""
+        state (as :func:`~kerastorch.helpers.rng.capture_rng_state` of ``loaders`` gave it)."""
         self.resume = {**position, "now": now, "loaders": loaders}
 
     def _restart_point(self, trained: int) -> int:
