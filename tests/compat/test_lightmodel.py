@@ -156,7 +156,7 @@ DDP_VALIDATE = textwrap.dedent("""
     from kerastorch.examples import create_cnn, digits_datasets
 
     out_dir, tests_dir = sys.argv[1], sys.argv[2]
-    sys.path.insert(0, tests_dir)
+    sys.path[:0] = [tests_dir, tests_dir + "/compat"]  # helpers.py, then this test file
     from test_lightmodel import digit_metrics
 
     torch.set_num_threads(1)
