@@ -20,8 +20,9 @@ thresholds (the constants below):
   after its lowest point, ending ``OVERFIT_RISE`` (10%) or more above it, while the training loss
   fell at every epoch.
 - ``"not_converged"``: the last epoch still lowered the training loss by ``NOT_CONVERGED_DROP`` (2%)
-  of the first epoch's training loss or more, and the validation loss (if any) reached its lowest
-  value there, as did the monitored value (``monitor=``, when it is given).
+  of the first epoch's training loss or more, or (over three epochs or more) by ``NOT_CONVERGED_PACE``
+  (half) of the run's average drop per epoch or more; and the validation loss (if any) reached its
+  lowest value there, as did the monitored value (``monitor=``, when it is given).
 - ``"underfitting"``: the run did not learn enough. Without knowing the task, "enough" is measured
   against the first epoch: the last training loss is still ``UNDERFIT_SHARE`` (half) or more of the
   first epoch's; it improved by less than ``FLAT_CHANGE`` (2%) over the last ``FLAT_EPOCHS`` (3)
@@ -57,6 +58,7 @@ LR_LOW_RANGE = 0.01
 OVERFIT_EPOCHS = 3
 OVERFIT_RISE = 0.10
 NOT_CONVERGED_DROP = 0.02
+NOT_CONVERGED_PACE = 0.5
 UNDERFIT_SHARE = 0.5
 FLAT_EPOCHS = 3
 FLAT_CHANGE = 0.02
@@ -201,7 +203,7 @@ def _curve_findings(
     findings: list[Finding] = []
     too_high = _lr_too_high(curves)
     too_low = None if too_high else _lr_too_low(curves)
-    still_improving = None if too_high else _not_converged(curves, best_at)
+    still_improving = None if too_high or too_low else _not_converged(curves, best_at)
     findings += [f for f in (too_high, too_low) if f is not None]
     overfit = _overfitting(curves, kept, monitor)
     if overfit is not None:
@@ -318,7 +320,12 @@ def _overfitting(curves: Curves, kept: Optional[tuple[int, str]], monitor: Optio
 
 def _not_converged(curves: Curves, best_at: Optional[int]) -> Optional[Finding]:
     train = curves.train
-    if len(train) < 2 or train[-2] - train[-1] < NOT_CONVERGED_DROP * abs(train[0]):
+    if len(train) < 2:
+        return None
+    drop = float(train[-2] - train[-1])
+    pace = (train[0] - train[-1]) / (len(train) - 1)  # the average drop per epoch
+    steady = len(train) >= 3 and drop > 0 and drop >= NOT_CONVERGED_PACE * pace
+    if drop < NOT_CONVERGED_DROP * abs(train[0]) and not steady:
         return None
     if best_at is not None and best_at != int(curves.epochs[-1]):
         return None  # the monitored value was best at an earlier epoch: more of the same would not help it
@@ -327,7 +334,6 @@ def _not_converged(curves: Curves, best_at: Optional[int]) -> Optional[Finding]:
         if not curves.validated[-1] or len(val) < 2 or val[-1] >= val[:-1].min():
             return None  # the validation loss has stopped improving: enough training
     last = int(curves.epochs[-1])
-    drop = float(train[-2] - train[-1])
     return Finding(
         "not_converged",
         "info",

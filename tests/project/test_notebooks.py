@@ -186,3 +186,16 @@ def test_kerastorch_itself_gives_no_iprogress_warning_in_a_kernel_without_ipywid
     stderr = "".join(printed(cell, "stderr") for cell in notebook.cells)
     assert "IProgress" not in stderr and "TqdmWarning" not in stderr
     assert "Epoch 2/2" in "".join(str(output) for cell in notebook.cells for output in outputs_of(cell))
+
+
+def test_the_doctor_tutorial_shows_one_report_of_what_the_curves_say(executed):
+    notebook = executed(NOTEBOOKS[5])
+    # The healthy fit prints nothing more; the slow one prints its report at its end.
+    said = [cell for cell in notebook.cells if "What the curves say:" in printed(cell, "stdout")]
+    (slow_fit,) = code_cells_with(notebook, "slow_model.fit(")
+    assert said == [slow_fit]
+    assert "[info] not_converged: Still improving at the last epoch: epoch 8" in printed(slow_fit, "stdout")
+    # model.diagnose() shows the same report as a table.
+    (shown,) = code_cells_with(notebook, "slow_model.diagnose()")
+    html = shown.outputs[0]["data"]["text/html"]
+    assert "<caption>What the curves say:</caption>" in html and "<code>not_converged</code>" in html

@@ -183,6 +183,22 @@ def test_a_nan_epoch_is_a_divergence_and_the_rules_read_the_epochs_before_it():
     assert infinite_val.kinds[0] == "diverged" and infinite_val.findings[0].epochs == (2,)
 
 
+def test_a_slow_but_steady_run_has_not_converged_either(digits):
+    net = digits_net()
+    history = fitted(net, torch.optim.Adam(net.parameters(), lr=1e-4), *digits, epochs=6)
+    drops = -history["train_loss"].diff().dropna()
+    assert (drops < 0.02 * history["train_loss"].iloc[0]).all()  # each epoch under 2% of the first: slow
+    report = kt.diagnose(history)
+    assert report.kinds == ["not_converged"], str(report)
+    assert "epochs=12" in str(report)
+
+
+def test_not_converged_is_a_last_drop_of_2_percent_or_half_the_runs_pace():
+    assert kt.diagnose(history([2.0, 1.98, 1.96, 1.94])).kinds == ["not_converged"]  # 1% an epoch, steadily
+    assert kt.diagnose(history([2.0, 1.2, 1.0, 0.99])).kinds == []  # 0.01: under 2% of 2.0, under 0.34 / 2
+    assert kt.diagnose(history([2.0, 1.2, 1.0, 0.95])).kinds == ["not_converged"]  # 0.05: 2.5% of 2.0
+
+
 def test_without_validation_the_rules_read_the_training_loss():
     assert kt.diagnose(history([2.0, 1.2, 0.8])).kinds == ["not_converged"]
     assert kt.diagnose(history([0.7, 0.66, 0.65, 0.65, 0.65, 0.649])).kinds == ["underfitting"]
