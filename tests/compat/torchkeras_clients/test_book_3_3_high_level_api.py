@@ -1,8 +1,9 @@
 """The book's chapter 3-3, "high-level API" (lyhue1991/eat_pytorch_in_20_days), with only the
 import changed: a linear regression with a torchmetrics metric, and a binary classifier with
 ``torchkeras.metrics.Accuracy``. Its data is generated, so it runs as written (its 100 epochs
-too); the plotting cells are left out, and the book's ``model.accelerator`` (a name it never
-defined) reads ``keras_model.accelerator``."""
+too), but with its loaders' ``num_workers=2`` by 0: two worker processes started for each of 100
+epochs took most of a minute a test, and test nothing of kerastorch. The plotting cells are left
+out, and the book's ``model.accelerator`` (a name it never defined) reads ``keras_model.accelerator``."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ def test_linear_regression(tmp_path, monkeypatch):
     # 构建输入数据管道
     ds = TensorDataset(X, Y)
     ds_train, ds_val = torch.utils.data.random_split(ds, [int(400 * 0.7), 400 - int(400 * 0.7)])
-    dl_train = DataLoader(ds_train, batch_size=16, shuffle=True, num_workers=2)
-    dl_val = DataLoader(ds_val, batch_size=16, num_workers=2)
+    dl_train = DataLoader(ds_train, batch_size=16, shuffle=True, num_workers=0)  # the book: 2
+    dl_val = DataLoader(ds_val, batch_size=16, num_workers=0)  # the book: 2
 
     features, labels = next(iter(dl_train))
 
@@ -124,8 +125,8 @@ def test_binary_classification(tmp_path, monkeypatch):
     ds = TensorDataset(X, Y)
 
     ds_train, ds_val = torch.utils.data.random_split(ds, [int(len(ds) * 0.7), len(ds) - int(len(ds) * 0.7)])
-    dl_train = DataLoader(ds_train, batch_size=100, shuffle=True, num_workers=2)
-    dl_val = DataLoader(ds_val, batch_size=100, num_workers=2)
+    dl_train = DataLoader(ds_train, batch_size=100, shuffle=True, num_workers=0)  # the book: 2
+    dl_val = DataLoader(ds_val, batch_size=100, num_workers=0)  # the book: 2
 
     for features, labels in dl_train:  # noqa: B007 (as in the book: the first batch)
         break
