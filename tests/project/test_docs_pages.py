@@ -1,6 +1,7 @@
 """Every user page runs as pasted: its ```python blocks (with the files it includes), in order,
-in one fresh process, as a reader pastes them into one fresh notebook. And its code fits the
-site's column.
+in one fresh process, as a reader pastes them into one fresh notebook. The output a page shows
+has the report fit printed ("What the curves say:") where the run printed one. And its code fits
+the site's column.
 
 A block that cannot run on a CPU laptop (a cluster launch, a GPU) starts with
 ``# not run here: <why>``; at most one block in seven may.
@@ -70,6 +71,20 @@ def python_blocks(page: str) -> list[str]:
     return [code for language, code in code_blocks(page) if language == "python"]
 
 
+REPORT = "What the curves say:"
+
+
+def shown_after_each_run_block(page: str) -> list[str | None]:
+    """For each python block that runs: the ```text block right after it (the output the page
+    shows), or None when the page shows none."""
+    blocks = code_blocks(page)
+    return [
+        blocks[i + 1][1] if i + 1 < len(blocks) and blocks[i + 1][0] == "text" else None
+        for i, (language, code) in enumerate(blocks)
+        if language == "python" and not code.lstrip().startswith(NOT_RUN)
+    ]
+
+
 # One globals for the whole page, as one notebook: each block runs after the ones above it.
 RUNNER = """
 import sys
@@ -96,6 +111,11 @@ def test_the_page_runs_as_pasted_in_one_fresh_process(page, tmp_path):
     )
     assert result.returncode == 0, f"{page} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
     assert result.stdout.count(f"--- {page}, block ") == len(blocks)
+    # Where a block printed fit's report, the output the page shows has it too, and only there.
+    printed = re.split(rf"^--- {re.escape(page)}, block \d+\n", result.stdout, flags=re.M)[1:]
+    for number, (out, shown) in enumerate(zip(printed, shown_after_each_run_block(page)), 1):
+        if shown is not None:
+            assert (REPORT in out) == (REPORT in shown), f"{page}, block {number}: the run printed\n{out[-1500:]}"
 
 
 @pytest.mark.parametrize("page", USER_PAGES)
