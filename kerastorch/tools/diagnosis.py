@@ -22,7 +22,8 @@ thresholds (the constants below):
 - ``"not_converged"``: the last epoch still lowered the training loss by ``NOT_CONVERGED_DROP`` (2%)
   of the first epoch's training loss or more, or (over three epochs or more) by ``NOT_CONVERGED_PACE``
   (half) of the run's average drop per epoch or more; and the validation loss (if any) reached its
-  lowest value there, as did the monitored value (``monitor=``, when it is given).
+  lowest value there, as did the monitored value (``monitor=``, when it is given). Not said when the
+  learning rate looks too high or too low: that finding comes first.
 - ``"underfitting"``: the run did not learn enough. Without knowing the task, "enough" is measured
   against the first epoch: the last training loss is still ``UNDERFIT_SHARE`` (half) or more of the
   first epoch's; it improved by less than ``FLAT_CHANGE`` (2%) over the last ``FLAT_EPOCHS`` (3)
