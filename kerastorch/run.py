@@ -128,7 +128,7 @@ def fit_here(
                 )
                 fit_step = FitStep(model, runtime, settings.step, callbacks)
                 epochs: Epochs
-                first_check: Optional[Callable[[], None]] = None
+                first_check: Optional[Callable[[], Optional[float]]] = None
                 if program is None:
                     epochs = FitEpochs(model, runtime, callbacks, meters, fit_step, position, preemption)
                     first_check = functools.partial(
@@ -164,13 +164,14 @@ def train_with_callbacks(
     columns: Optional[list[str]],
     position: Optional[RunPosition] = None,
     preemption: Any = None,
-    first_check: Optional[Callable[[], None]] = None,
+    first_check: Optional[Callable[[], Optional[float]]] = None,
 ) -> pd.DataFrame:
     """The epochs between ``on_train_begin`` and ``on_train_end``; Ctrl-C returns the history so far, a
     preemption signal raises :class:`~kerastorch.training.preemption.Preempted` once the state is written.
 
     ``columns`` are the history's columns after ``epoch`` (None: known only once an epoch ran);
-    ``first_check`` checks the first batches, after ``on_train_begin`` and before the first epoch.
+    ``first_check`` checks the first batches, after ``on_train_begin`` and before the first epoch; the
+    first training batch's loss it returns goes to the run's report (``params["start_loss"]``).
     """
     rows: list[dict] = []
     model.stop_training = False
@@ -193,7 +194,7 @@ def train_with_callbacks(
     try:
         if not model.stop_training:  # a resumed run that had already stopped early stays stopped
             if first_check is not None:
-                first_check()
+                callbacks.params["start_loss"] = first_check()
             fit_loop(model, epochs, train_loader, val_loader, runtime, callbacks, settings.epochs, rows,
                      first_epoch, settings.data.validation_freq, position, preemption)  # fmt: skip
         ended = "finished"

@@ -13,7 +13,9 @@ thresholds (the constants below):
 - ``"lr_too_high"``: the training loss rose, from one epoch to the next, by more than
   ``LR_HIGH_JUMP`` (a quarter) of the first epoch's training loss; or the validation loss jumped up
   that much from one epoch to the next and, later, down that much; or the training loss ended above
-  where it started.
+  where it started; or (with ``start_loss``, which fit measures) the first epoch's training loss
+  averaged ``LR_HIGH_START`` (2) times the loss before the first step or more: it rose inside the
+  first epoch.
 - ``"lr_too_low"``: over at least two epochs the training loss (and the validation loss, if any)
   stayed within ``LR_LOW_RANGE`` (1%) of its first value.
 - ``"overfitting"``: the validation loss rose for ``OVERFIT_EPOCHS`` (3) or more validated epochs
@@ -55,6 +57,7 @@ from ..helpers.plots import best_epoch
 from .report import TIMING_COLUMNS, Diagnosis, Finding, empty_timing
 
 LR_HIGH_JUMP = 0.25
+LR_HIGH_START = 2.0
 LR_LOW_RANGE = 0.01
 OVERFIT_EPOCHS = 3
 OVERFIT_RISE = 0.10
@@ -133,6 +136,7 @@ def diagnose(
     monitor: Optional[str] = "auto",
     mode: str = "min",
     restore_best_weights: bool = True,
+    start_loss: Optional[float] = None,
 ) -> Diagnosis:
     """What the curves say about a run: a :class:`~kerastorch.tools.report.Diagnosis` whose
     findings are the rules of :mod:`kerastorch.tools.diagnosis` that apply.
@@ -147,6 +151,8 @@ def diagnose(
             ``val_loss``, or ``train_loss`` without validation; None, no epoch was kept.
         mode: as given to ``fit``: ``"min"`` or ``"max"``.
         restore_best_weights: as given to ``fit``: False, the last epoch's weights stayed.
+        start_loss: the training loss of the first batch before the first step (fit measures it, in
+            eval mode, for a run that begins with its first epoch); None when not known.
 
     >>> report = kt.diagnose(history)   # doctest: +SKIP
     >>> print(report)                   # doctest: +SKIP
@@ -173,7 +179,7 @@ def diagnose(
             monitor = "val_loss" if "val_loss" in history else "train_loss"
         best = best_epoch(history, monitor, mode) if monitor else None
         kept = (best[0], str(monitor)) if best is not None and restore_best_weights else None
-        findings.extend(_curve_findings(curves, kept, monitor, None if best is None else best[0]))
+        findings.extend(_curve_findings(curves, kept, monitor, None if best is None else best[0], start_loss))
     findings.extend(_input_bound(timing))
     return Diagnosis(findings, source="run", timing=timing)
 
@@ -199,10 +205,14 @@ def _curves(history: pd.DataFrame) -> tuple[Curves, Optional[int]]:
 
 
 def _curve_findings(
-    curves: Curves, kept: Optional[tuple[int, str]], monitor: Optional[str], best_at: Optional[int]
+    curves: Curves,
+    kept: Optional[tuple[int, str]],
+    monitor: Optional[str],
+    best_at: Optional[int],
+    start_loss: Optional[float] = None,
 ) -> list[Finding]:
     findings: list[Finding] = []
-    too_high = _lr_too_high(curves)
+    too_high = _lr_too_high(curves, start_loss)
     too_low = None if too_high else _lr_too_low(curves)
     still_improving = None if too_high or too_low else _not_converged(curves, best_at)
     findings += [f for f in (too_high, too_low) if f is not None]
@@ -218,17 +228,23 @@ def _curve_findings(
     return findings
 
 
-def _lr_too_high(curves: Curves) -> Optional[Finding]:
+def _lr_too_high(curves: Curves, start_loss: Optional[float] = None) -> Optional[Finding]:
     train, epochs = curves.train, curves.epochs
-    if len(train) < 2:
-        return None
     jump = LR_HIGH_JUMP * abs(train[0])
     rises = np.diff(train)
     at = np.nonzero(rises > jump)[0]
+    rose_inside = start_loss is not None and 0 < start_loss < math.inf and train[0] >= LR_HIGH_START * start_loss
     if len(at):
         i = int(at[0]) + 1
         seen = f"the training loss rose from {train[i - 1]:.4g} at epoch {epochs[i - 1]} to {train[i]:.4g} at epoch {epochs[i]}"
         about: tuple[int, ...] = (int(epochs[i - 1]), int(epochs[i]))
+    elif rose_inside:
+        assert start_loss is not None
+        seen = (
+            f"the first epoch's training loss averaged {train[0]:.4g}, {train[0] / start_loss:.1f} times the "
+            f"loss before the first step ({start_loss:.4g}): it rose inside epoch {epochs[0]}"
+        )
+        about = (int(epochs[0]),)
     elif train[-1] > train[0]:
         seen = f"the training loss ended higher than it started ({train[0]:.4g} at epoch {epochs[0]}, {train[-1]:.4g} at epoch {epochs[-1]})"
         about = (int(epochs[0]), int(epochs[-1]))
@@ -254,7 +270,11 @@ def _lr_too_high(curves: Curves) -> Optional[Finding]:
         f"The learning rate looks too high: {seen}. Lower it (model.lr_find(train_data) suggests one), or "
         "clip gradients with fit(..., gradient_clip_val=1.0).",
         epochs=about,
-        evidence={"first_train_loss": float(train[0]), "last_train_loss": float(train[-1])},
+        evidence={
+            "first_train_loss": float(train[0]),
+            "last_train_loss": float(train[-1]),
+            **({"start_loss": float(start_loss)} if start_loss is not None and rose_inside and not len(at) else {}),
+        },
     )
 
 

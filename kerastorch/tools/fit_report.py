@@ -76,6 +76,7 @@ def end_of_fit_report(
         can_replay = replay and alone and model.uses_default_train_step and data is not None
         divergence = replay_divergence(model, data, watch) if can_replay else divergence_noted(watch)
     monitoring = settings.monitoring
+    params = callbacks.params
     report = diagnose(
         history,
         pd.DataFrame(timing, columns=list(TIMING_COLUMNS)) if timing is not None else None,
@@ -84,6 +85,8 @@ def end_of_fit_report(
         monitor=monitoring.monitor,
         mode=monitoring.mode,
         restore_best_weights=monitoring.restore_best_weights,
+        # The loss before the first step, for a run that began with its first epoch (not resumed).
+        start_loss=None if params.get("resumed") else params.get("start_loss"),
     )
     if report.findings and settings.output.verbose and callbacks.params.get("ended") != "interrupted":
         model.print(str(report))

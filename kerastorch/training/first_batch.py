@@ -47,7 +47,9 @@ from .outputs import NoLossError
 from .snapshot import model_attributes, training_snapshot
 
 
-def check_first_batches(model: Any, train_data: Any, val_data: Optional[Any], runtime: Any, names: Any) -> None:
+def check_first_batches(
+    model: Any, train_data: Any, val_data: Optional[Any], runtime: Any, names: Any
+) -> Optional[float]:
     """Before the first epoch (and after ``on_train_begin``, whose changes to the data count): the first
     batch of the training data, then of the validation data, through the net, the loss and copies of
     the metrics (:func:`check_batch`). The data order and every random generator are left as they
@@ -55,19 +57,24 @@ def check_first_batches(model: Any, train_data: Any, val_data: Optional[Any], ru
     already (:func:`try_own_step`): its training batch is not checked again here.
 
     Every process checks the same batches (the data before each takes its share), so a check fails
-    on all of them or on none. A compiled net is checked as the module it compiles."""
+    on all of them or on none. A compiled net is checked as the module it compiles.
+
+    Returns the loss of the first training batch before any step (None with a ``train_step`` of the
+    user's own): the run's report compares the first epoch's loss with it."""
+    start_loss = None
     with eager_net(model):
         if model.uses_default_train_step:
-            check_batch(model, first_batch(train_data, names.train_name), runtime, names.train_name)
+            start_loss = check_batch(model, first_batch(train_data, names.train_name), runtime, names.train_name)
         if val_data is not None:
             check_batch(model, first_batch(val_data, names.val_name), runtime, names.val_name)
+    return start_loss
 
 
-def check_batch(model: Any, batch: Any, runtime: Any, name: str) -> None:
+def check_batch(model: Any, batch: Any, runtime: Any, name: str) -> float:
     """Run ``batch`` through the net, the loss and copies of the metrics, in eval mode and without
     gradients, so a wrong batch layout, a net/loss mismatch or a metric that does not fit the
     outputs fails before any weight changes, naming the part that failed (:class:`Culprit`).
-    ``name`` is what the user called the data."""
+    ``name`` is what the user called the data. Returns the batch's loss."""
     batch = runtime.to_device(batch)
     culprit = Culprit(model.net)
 
@@ -86,6 +93,7 @@ def check_batch(model: Any, batch: Any, runtime: Any, name: str) -> None:
     except Exception as error:
         raise _wrapped(error, name, culprit.part(model), first_batch_hint(model, batch, error, culprit)) from error
     check_first_outputs(model, loss, preds, labels, runtime, name)
+    return float(loss)
 
 
 class Culprit:

@@ -29,10 +29,11 @@ from kerastorch.tools.diagnosis import Divergence
 
 def fitted(net, optimizer, train, val=None, **fit_args):
     """The history of a silent fit, whose own report finds what kt.diagnose finds in that history (a
-    divergence's finding says more in the run's report: where the run traced it)."""
+    divergence's finding says more in the run's report: where the run traced it), and what the
+    loss before the first step shows (a loss that rose inside the first epoch)."""
     model = kt.KerasModel(net, nn.CrossEntropyLoss(), {"acc": accuracy}, optimizer)
     history = model.fit(*train, validation_data=val, verbose=0, **fit_args)
-    said = [(f.kind, f.epochs) for f in model.diagnose().findings]
+    said = [(f.kind, f.epochs) for f in model.diagnose().findings if "start_loss" not in f.evidence]
     assert said == [(f.kind, f.epochs) for f in kt.diagnose(history).findings]
     return history
 
@@ -86,6 +87,20 @@ def test_sgd_at_a_learning_rate_of_10_is_too_high(digits):
     report = kt.diagnose(history)
     assert "lr_too_high" in report.kinds, str(report)
     assert "model.lr_find(train_data)" in str(report) and "underfitting" not in report.kinds
+
+
+def test_a_loss_that_rises_inside_the_first_epoch_is_a_learning_rate_too_high_in_the_runs_report(digits):
+    (x, y), val = digits
+    net = digits_net()
+    model = kt.KerasModel(net, nn.CrossEntropyLoss(), optimizer=torch.optim.Adam(net.parameters(), lr=1.0))
+    history = model.fit(x, y, validation_data=val, epochs=4, verbose=0)
+    report = model.diagnose()
+    assert report.kinds[0] == "lr_too_high", str(report)
+    finding = report.findings[0]
+    assert finding.epochs == (1,) and "rose inside epoch 1" in finding.message
+    assert finding.evidence["first_train_loss"] >= 2 * finding.evidence["start_loss"]
+    assert finding.evidence["start_loss"] == pytest.approx(math.log(10), abs=0.2)  # chance level at the start
+    assert "lr_too_high" not in kt.diagnose(history).kinds  # the history alone cannot see it
 
 
 def test_sgd_at_a_learning_rate_of_1e_7_is_too_low(digits):
