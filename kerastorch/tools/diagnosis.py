@@ -233,18 +233,18 @@ def _lr_too_high(curves: Curves, start_loss: Optional[float] = None) -> Optional
     jump = LR_HIGH_JUMP * abs(train[0])
     rises = np.diff(train)
     at = np.nonzero(rises > jump)[0]
-    rose_inside = start_loss is not None and 0 < start_loss < math.inf and train[0] >= LR_HIGH_START * start_loss
+    said_start: dict[str, float] = {}  # the loss before the first step, when the finding rests on it
     if len(at):
         i = int(at[0]) + 1
         seen = f"the training loss rose from {train[i - 1]:.4g} at epoch {epochs[i - 1]} to {train[i]:.4g} at epoch {epochs[i]}"
         about: tuple[int, ...] = (int(epochs[i - 1]), int(epochs[i]))
-    elif rose_inside:
-        assert start_loss is not None
+    elif start_loss is not None and 0 < start_loss < math.inf and train[0] >= LR_HIGH_START * start_loss:
         seen = (
             f"the first epoch's training loss averaged {train[0]:.4g}, {train[0] / start_loss:.1f} times the "
             f"loss before the first step ({start_loss:.4g}): it rose inside epoch {epochs[0]}"
         )
         about = (int(epochs[0]),)
+        said_start = {"start_loss": float(start_loss)}
     elif train[-1] > train[0]:
         seen = f"the training loss ended higher than it started ({train[0]:.4g} at epoch {epochs[0]}, {train[-1]:.4g} at epoch {epochs[-1]})"
         about = (int(epochs[0]), int(epochs[-1]))
@@ -273,7 +273,7 @@ def _lr_too_high(curves: Curves, start_loss: Optional[float] = None) -> Optional
         evidence={
             "first_train_loss": float(train[0]),
             "last_train_loss": float(train[-1]),
-            **({"start_loss": float(start_loss)} if start_loss is not None and rose_inside and not len(at) else {}),
+            **said_start,
         },
     )
 

@@ -214,6 +214,14 @@ def test_not_converged_is_a_last_drop_of_2_percent_or_half_the_runs_pace():
     assert kt.diagnose(history([2.0, 1.2, 1.0, 0.95])).kinds == ["not_converged"]  # 0.05: 2.5% of 2.0
 
 
+def test_the_loss_before_the_first_step_shows_a_rise_inside_the_first_epoch_even_of_one_epoch():
+    assert kt.diagnose(history([2.0])).kinds == []
+    assert kt.diagnose(history([2.0]), start_loss=1.0).kinds == ["lr_too_high"]  # twice: a rise inside epoch 1
+    assert kt.diagnose(history([1.9, 1.5, 1.2]), start_loss=1.0).kinds == ["not_converged"]  # under twice
+    finding = kt.diagnose(history([4.0, 2.5, 2.4]), start_loss=1.0).findings[0]
+    assert finding.kind == "lr_too_high" and finding.epochs == (1,) and finding.evidence["start_loss"] == 1.0
+
+
 def test_without_validation_the_rules_read_the_training_loss():
     assert kt.diagnose(history([2.0, 1.2, 0.8])).kinds == ["not_converged"]
     assert kt.diagnose(history([0.7, 0.66, 0.65, 0.65, 0.65, 0.649])).kinds == ["underfitting"]
